@@ -1,0 +1,170 @@
+"""What rank 0 knows about the cluster at a rebalance: :class:`ClusterMetrics`.
+
+Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (measured round
+trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples.
+
+``validate()`` is the strict boundary check (used for metrics files and by the CLI). Strategies
+never call it at run time: they must survive a rank with missing numbers, see :func:`usable_ranks`.
+
+Latency symmetry: ``NL[i][j]`` and ``NL[j][i]`` are both round trips over the same pair, so they
+agree in expectation but not sample by sample. ``validate()`` rejects a pair only when
+``|NL_ij - NL_ji| > SYMMETRY_RTOL * max(NL_ij, NL_ji) + SYMMETRY_ATOL``: a factor of two plus 1 ms
+is far beyond jitter on a real link, and typically means a transposed or garbled matrix.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UsageError
+
+SYMMETRY_RTOL = 0.5
+SYMMETRY_ATOL = 1e-3  # seconds
+
+
+@dataclass
+class ClusterMetrics:
+    """Per-rank measurements gathered on rank 0. Lists have length N (index = rank).
+
+    ``latency`` may be a list of lists or an NxN numpy array (``latency[i][j]`` works for both).
+
+    Usage::
+
+        m = ClusterMetrics(ops=[100.0, 50.0], memory_used=[1e9, 2e9], latency=[[0, 1e-4], [1e-4, 0]])
+        m.validate()
+    """
+
+    ops: list                      # list[float | None]: samples/s; None or NaN = not measured
+    memory_used: list              # list[float]: bytes in use per rank
+    latency: list                  # NxN seconds, NL[i][j] measured round trip i->j, diagonal 0
+    compute_samples: list = field(default_factory=list)  # per rank [(batch_size, seconds), ...]
+    max_batch: list = field(default_factory=list)        # per rank batch cap, None = no cap
+
+    def __post_init__(self):
+        # Empty defaults mean "nothing measured": expand them to one entry per rank.
+        if len(self.compute_samples) == 0:
+            self.compute_samples = [[] for _ in range(self.n)]
+        if len(self.max_batch) == 0:
+            self.max_batch = [None] * self.n
+
+    @property
+    def n(self) -> int:
+        """Number of ranks (the length of ``ops``)."""
+        return len(self.ops)
+
+    def ops_array(self) -> np.ndarray:
+        """``ops`` as float64 with NaN where a rank has no measurement."""
+        return np.array([np.nan if x is None else float(x) for x in self.ops], dtype=float)
+
+    def latency_array(self) -> np.ndarray:
+        """``latency`` as an NxN float64 array (no copy when it already is one)."""
+        return np.asarray(self.latency, dtype=float)
+
+    def validate(self) -> None:
+        """Raise :class:`UsageError` (one line naming the field) unless every number is usable.
+
+        Checks: all per-rank lists have length N >= 1; ``ops`` entries are None or finite >= 0;
+        ``memory_used`` finite >= 0; ``latency`` NxN, finite, >= 0, zero diagonal, symmetric within
+        the tolerance in the module docstring; ``max_batch`` None or int >= 1; compute samples
+        are (int >= 1, finite seconds >= 0) pairs.
+        """
+        n = self.n
+        if n < 1:
+            raise UsageError("metrics: 'ops' is empty; give one value per rank")
+        for name in ("memory_used", "compute_samples", "max_batch"):
+            got = len(getattr(self, name))
+            if got != n:
+                raise UsageError(f"metrics: '{name}' has {got} entries but 'ops' has {n}; give one per rank")
+        ops = self.ops_array()
+        for i, x in enumerate(self.ops):
+            if x is not None and not math.isfinite(float(x)):
+                raise UsageError(f"metrics: ops[{i}] is {x}; use a finite number or null (not measured)")
+        _check_non_negative("ops", np.nan_to_num(ops, nan=0.0))
+        memory = np.asarray(self.memory_used, dtype=float)
+        _check_finite("memory_used", memory)
+        _check_non_negative("memory_used", memory)
+        _validate_latency(self.latency_array(), n)
+        for i, cap in enumerate(self.max_batch):
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise UsageError(f"metrics: max_batch[{i}] is {cap!r}; use an integer >= 1 or null (no cap)")
+        for i, pairs in enumerate(self.compute_samples):
+            for k, (b, t) in enumerate(pairs):
+                if int(b) != b or b < 1 or not math.isfinite(t) or t < 0:
+                    raise UsageError(f"metrics: compute_samples[{i}][{k}] is ({b}, {t}); "
+                                     "use (batch_size >= 1, seconds >= 0)")
+
+
+def usable_ranks(metrics: ClusterMetrics) -> np.ndarray:
+    """Boolean mask: True where a rank's ops, memory and latency row are all present and finite."""
+    ops = metrics.ops_array()
+    memory = np.asarray(metrics.memory_used, dtype=float)
+    latency = metrics.latency_array()
+    ok = np.isfinite(ops) & (ops >= 0) & np.isfinite(memory) & (memory >= 0)
+    if latency.shape == (metrics.n, metrics.n):
+        ok &= np.isfinite(latency).all(axis=1) & np.isfinite(latency).all(axis=0)
+    else:
+        ok[:] = False
+    return ok
+
+
+def _validate_latency(lat: np.ndarray, n: int) -> None:
+    if lat.shape != (n, n):
+        raise UsageError(f"metrics: 'latency' has shape {lat.shape} but there are {n} ranks; "
+                         f"give an {n}x{n} matrix")
+    _check_finite("latency", lat)
+    _check_non_negative("latency", lat)
+    diag = np.flatnonzero(np.diagonal(lat) != 0)
+    if diag.size:
+        i = int(diag[0])
+        raise UsageError(f"metrics: latency[{i}][{i}] is {lat[i, i]}; the diagonal must be 0 "
+                         "(a rank has no latency to itself)")
+    bad = _first_asymmetric(lat)
+    if bad is not None:
+        i, j = bad
+        raise UsageError(f"metrics: latency is asymmetric at [{i}][{j}]={lat[i, j]} vs [{j}][{i}]="
+                         f"{lat[j, i]}; round trips must agree within {SYMMETRY_RTOL:.0%} + "
+                         f"{SYMMETRY_ATOL * 1e3:g} ms (is the matrix transposed or garbled?)")
+
+
+def _first_asymmetric(lat: np.ndarray, block: int = 512):
+    """First (i, j), i < j in row-major order, whose round trips disagree beyond the tolerance."""
+    n = lat.shape[0]
+    # Compare tile (I, J) with tile (J, I) transposed: small tiles keep the transpose in cache
+    # (a whole-matrix lat.T at N = 4096 is several times slower).
+    for r0 in range(0, n, block):
+        hits = []
+        for c0 in range(r0, n, block):
+            upper = lat[r0:r0 + block, c0:c0 + block]
+            lower = lat[c0:c0 + block, r0:r0 + block].T
+            bad = np.abs(upper - lower) > SYMMETRY_RTOL * np.maximum(upper, lower) + SYMMETRY_ATOL
+            if bad.any():
+                i, j = np.argwhere(bad)[0]
+                hits.append((r0 + int(i), c0 + int(j)))
+        if hits:
+            return min(hits)
+    return None
+
+
+def _index(flat: int, shape: tuple) -> str:
+    return "".join(f"[{int(k)}]" for k in np.unravel_index(flat, shape))
+
+
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    if np.isfinite(arr).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        k = int(bad[0])
+        raise UsageError(f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]}; "
+                         "use a finite number (NaN/Infinity are not measurements)")
+
+
+def _check_non_negative(name: str, arr: np.ndarray) -> None:
+    if not (arr < 0).any():
+        return
+    bad = np.flatnonzero(arr < 0)
+    if bad.size:
+        k = int(bad[0])
+        raise UsageError(f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]}; values must be >= 0")

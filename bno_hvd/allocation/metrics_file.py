@@ -1,0 +1,152 @@
+"""Read and write the JSON metrics file behind ``bno-hvd allocate --metrics FILE``.
+
+Format (one entry per rank, index = rank)::
+
+    {"ops": [120.5, 98.0, null],            # samples/s; null = not measured
+     "memory_used": [2.1e9, 3.0e9, 1.2e9],  # bytes
+     "latency": [[0, 1e-4, 2e-4], ...],     # NxN round trips in seconds, zero diagonal, symmetric
+     "max_batch": [null, 64, null],         # optional: per-rank batch cap
+     "compute_samples": [[[32, 0.21]], ...]} # optional: per-rank (batch, seconds) pairs
+
+Every problem becomes one :class:`UsageError` line that names the file and the field. NaN and
+Infinity (which Python's json accepts) are rejected by :meth:`ClusterMetrics.validate`. The
+latency matrix is returned as an NxN float64 numpy array so a 4096-rank file stays cheap.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+
+import numpy as np
+
+from ..errors import UsageError
+from .metrics import ClusterMetrics
+
+REQUIRED = ("ops", "memory_used", "latency")
+OPTIONAL = ("max_batch", "compute_samples")
+
+
+def load_metrics_file(path) -> ClusterMetrics:
+    """Parse and validate a metrics file. Raises :class:`UsageError` naming the bad field.
+
+    Usage::
+
+        metrics = load_metrics_file("metrics.json")
+        sizes = bno_batch_sizes(metrics.ops, metrics.memory_used, metrics.latency, 32)
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read metrics file {path}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"metrics file {path} is not valid JSON: {err.msg} at line {err.lineno} "
+                         f"column {err.colno}") from None
+    try:
+        return _parse(data)
+    except UsageError as err:
+        raise UsageError(f"{path}: {err}") from None
+
+
+def metrics_to_json(metrics: ClusterMetrics) -> dict:
+    """The JSON-serialisable dict :func:`load_metrics_file` reads back (NaN ops become null)."""
+    out = {
+        "ops": [None if x is None or not math.isfinite(float(x)) else float(x) for x in metrics.ops],
+        "memory_used": [float(x) for x in metrics.memory_used],
+        "latency": np.asarray(metrics.latency, dtype=float).tolist(),
+    }
+    if any(cap is not None for cap in metrics.max_batch):
+        out["max_batch"] = [None if cap is None else int(cap) for cap in metrics.max_batch]
+    if any(len(s) for s in metrics.compute_samples):
+        out["compute_samples"] = [[[int(b), float(t)] for b, t in s] for s in metrics.compute_samples]
+    return out
+
+
+def _parse(data) -> ClusterMetrics:
+    if not isinstance(data, dict):
+        raise UsageError("metrics file must hold a JSON object with keys " + ", ".join(REQUIRED))
+    for key in REQUIRED:
+        if key not in data:
+            raise UsageError(f"metrics file lacks '{key}'; required keys: {', '.join(REQUIRED)}")
+    unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise UsageError(f"unknown key '{unknown[0]}' in metrics file; allowed: "
+                         f"{', '.join(REQUIRED + OPTIONAL)}")
+    ops = _numbers("ops", data["ops"], allow_null=True)
+    n = len(ops)
+    if n == 0:
+        raise UsageError("'ops' is empty; give one value per rank")
+    memory = _numbers("memory_used", data["memory_used"], allow_null=False)
+    _expect_len("memory_used", memory, n)
+    latency = _matrix(data["latency"], n)
+    kwargs = {}
+    if data.get("max_batch") is not None:
+        caps = _numbers("max_batch", data["max_batch"], allow_null=True)
+        _expect_len("max_batch", caps, n)
+        kwargs["max_batch"] = [None if c is None else _int(f"max_batch[{i}]", c) for i, c in enumerate(caps)]
+    if data.get("compute_samples") is not None:
+        kwargs["compute_samples"] = _samples(data["compute_samples"], n)
+    metrics = ClusterMetrics(ops=ops, memory_used=memory, latency=latency, **kwargs)
+    metrics.validate()
+    return metrics
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _numbers(name: str, value, allow_null: bool) -> list:
+    if not isinstance(value, list):
+        raise UsageError(f"'{name}' must be a JSON list with one number per rank")
+    for i, x in enumerate(value):
+        if not (_is_number(x) or (allow_null and x is None)):
+            what = "a number or null" if allow_null else "a number"
+            raise UsageError(f"{name}[{i}] is {json.dumps(x)}; use {what}")
+    return value
+
+
+def _expect_len(name: str, value: list, n: int) -> None:
+    if len(value) != n:
+        raise UsageError(f"'{name}' has {len(value)} entries but 'ops' has {n}; give one per rank")
+
+
+def _int(name: str, x) -> int:
+    if int(x) != x:
+        raise UsageError(f"{name} is {x}; use an integer")
+    return int(x)
+
+
+def _matrix(value, n: int) -> np.ndarray:
+    if not isinstance(value, list) or len(value) != n:
+        got = len(value) if isinstance(value, list) else type(value).__name__
+        raise UsageError(f"'latency' must be a list of {n} rows (one per rank), got {got}; "
+                         f"give an {n}x{n} matrix")
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or len(row) != n:
+            got = len(row) if isinstance(row, list) else type(row).__name__
+            raise UsageError(f"latency row {i} has {got} entries; latency must be square ({n}x{n})")
+    arr = np.array(value)
+    if arr.dtype.kind not in "iuf":
+        # Rare path: find the offending entry by a Python scan to name it.
+        for i, row in enumerate(value):
+            for j, x in enumerate(row):
+                if not _is_number(x):
+                    raise UsageError(f"latency[{i}][{j}] is {json.dumps(x)}; use a number of seconds")
+    return arr.astype(float, copy=False)
+
+
+def _samples(value, n: int) -> list:
+    if not isinstance(value, list) or len(value) != n:
+        raise UsageError(f"'compute_samples' must be a list of {n} lists of [batch, seconds] pairs")
+    out = []
+    for i, pairs in enumerate(value):
+        if not isinstance(pairs, list):
+            raise UsageError(f"compute_samples[{i}] must be a list of [batch, seconds] pairs")
+        for k, p in enumerate(pairs):
+            if not (isinstance(p, list) and len(p) == 2 and _is_number(p[0]) and _is_number(p[1])):
+                raise UsageError(f"compute_samples[{i}][{k}] is {json.dumps(p)}; use [batch, seconds]")
+        out.append([(p[0], float(p[1])) for p in pairs])
+    return out

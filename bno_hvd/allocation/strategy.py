@@ -1,0 +1,107 @@
+"""The :class:`Strategy` interface every rebalancing policy implements.
+
+A strategy is pure: it never talks to MPI and never reads a clock; every number arrives in a
+:class:`~bno_hvd.allocation.metrics.ClusterMetrics`. Rank 0 calls ``rebalance`` every K updates
+and broadcasts the result.
+
+Warnings: when a strategy cannot use this round's metrics it keeps ``current`` and sets
+``last_warning`` (reset to None at the start of every ``rebalance``). ``warnings`` collects each
+distinct message once over the strategy's lifetime, so a caller can print them exactly once.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from ..errors import UsageError
+from .metrics import ClusterMetrics
+from .rounding import round_to_total
+
+
+class Strategy:
+    """Base: a rebalancing policy. Pure: no MPI/clock; all numbers come in through ClusterMetrics.
+
+    Subclasses set ``name``, list their keyword options with defaults in ``OPTIONS`` and
+    implement ``rebalance``. Unknown options raise :class:`UsageError`.
+
+    Usage::
+
+        s = make_strategy("balanced", n_ranks=4, base_batch_size=32)
+        sizes = s.initial()
+        sizes = s.rebalance(metrics, sizes, update=100)
+    """
+
+    name: str = "base"
+    OPTIONS: dict[str, Any] = {}
+
+    def __init__(self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None,
+                 seed: int = 0, **options):
+        _check_int("number of ranks", n_ranks, 1)
+        _check_int("base batch size (--batch-size)", base_batch_size, 1)
+        if global_batch is not None:
+            _check_int("global batch (--global-batch)", global_batch, n_ranks,
+                       hint=f"each of the {n_ranks} ranks needs at least one sample")
+        _check_int("seed", seed, 0)
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            valid = ", ".join(sorted(self.OPTIONS)) or "none"
+            raise UsageError(f"strategy '{self.name}' has no option {unknown[0]!r}; valid options: {valid}")
+        self.n_ranks = int(n_ranks)
+        self.base_batch_size = int(base_batch_size)
+        self.global_batch = int(global_batch) if global_batch is not None else self.n_ranks * self.base_batch_size
+        self.seed = int(seed)
+        self.options = {**self.OPTIONS, **options}
+        self.warnings: list[str] = []
+        self.last_warning: str | None = None
+
+    @property
+    def changes_global_batch(self) -> bool:
+        """True when the global batch may differ from ``global_batch`` (only ``bno``)."""
+        return False
+
+    def initial(self) -> list[int]:
+        """Allocation before any measurement: the global batch split as evenly as possible."""
+        return round_to_total([1.0] * self.n_ranks, self.global_batch)
+
+    def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
+        """New per-rank batch sizes (N ints >= 1). ``update`` is the index of the next update."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state for checkpoints (subclasses extend it)."""
+        return {"strategy": self.name, "n_ranks": self.n_ranks}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict`; a checkpoint of another strategy/size is refused."""
+        if state.get("strategy") != self.name or state.get("n_ranks") != self.n_ranks:
+            raise UsageError(f"checkpoint holds strategy {state.get('strategy')!r} for "
+                             f"{state.get('n_ranks')} ranks, but this run uses '{self.name}' on "
+                             f"{self.n_ranks}; resume with the same --strategy and process count")
+
+    # -- helpers for subclasses -------------------------------------------------------------
+
+    def _begin(self, metrics: ClusterMetrics, current: list[int]) -> None:
+        """Reset ``last_warning`` and check sizes; call first in every ``rebalance``."""
+        self.last_warning = None
+        if metrics.n != self.n_ranks:
+            raise UsageError(f"metrics describe {metrics.n} ranks but the strategy has {self.n_ranks}")
+        if len(current) != self.n_ranks or any(int(b) < 1 for b in current):
+            raise UsageError(f"current allocation {list(current)} must be {self.n_ranks} ints >= 1")
+
+    def _warn(self, message: str) -> None:
+        self.last_warning = message
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def _split(self, weights, metrics: ClusterMetrics | None = None) -> list[int]:
+        """The fixed global batch split proportional to ``weights``, within the memory caps."""
+        caps = metrics.max_batch if metrics is not None else None
+        sizes = round_to_total(weights, self.global_batch, 1, caps)
+        assert sum(sizes) == self.global_batch
+        return sizes
+
+
+def _check_int(what: str, value, minimum: int, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        extra = f" ({hint})" if hint else ""
+        raise UsageError(f"{what} must be an integer >= {minimum}, got {value!r}{extra}")

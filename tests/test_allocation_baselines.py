@@ -1,0 +1,135 @@
+"""Baselines (equal, random, fixed, proportional, paramhub, lbbsp) and make_strategy validation."""
+import json
+
+import pytest
+
+from bno_hvd.allocation import STRATEGY_NAMES, ClusterMetrics, UsageError, make_strategy
+
+LAT = [[0.0] * 4 for _ in range(4)]
+
+
+def metrics(ops, max_batch=()):
+    return ClusterMetrics(ops=list(ops), memory_used=[1.0] * 4, latency=LAT, max_batch=list(max_batch))
+
+
+def test_make_strategy_unknown_name_lists_valid_names():
+    with pytest.raises(UsageError) as err:
+        make_strategy("fastest", 4, 32)
+    assert "fastest" in str(err.value)
+    assert "bno, balanced, equal, random, fixed, proportional, lbbsp, paramhub" in str(err.value)
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGY_NAMES if n != "fixed"])
+def test_every_strategy_builds_and_starts_valid(name):
+    s = make_strategy(name, 4, 32, seed=3)
+    sizes = s.initial()
+    assert len(sizes) == 4 and all(b >= 1 for b in sizes)
+    assert sum(sizes) == 128
+    json.dumps(s.state_dict())
+    assert s.changes_global_batch is (name == "bno")
+
+
+def test_make_strategy_rejects_bad_arguments():
+    with pytest.raises(UsageError, match="number of ranks"):
+        make_strategy("equal", 0, 32)
+    with pytest.raises(UsageError, match="batch-size"):
+        make_strategy("equal", 4, 0)
+    with pytest.raises(UsageError, match="only applies to --strategy fixed"):
+        make_strategy("equal", 4, 32, batch_sizes=[1, 2, 3, 4])
+    with pytest.raises(UsageError, match="has no option"):
+        make_strategy("equal", 4, 32, deadband=0.1)
+
+
+def test_equal_always_gives_b():
+    s = make_strategy("equal", 4, 32)
+    assert s.rebalance(metrics([1, 2, 3, 400]), [10, 20, 30, 68], 5) == [32] * 4
+    with pytest.raises(UsageError, match="global"):
+        make_strategy("equal", 4, 32, global_batch=100)
+
+
+def test_random_is_seeded_deterministic_and_sums_to_global():
+    a = make_strategy("random", 4, 32, seed=7)
+    b = make_strategy("random", 4, 32, seed=7)
+    c = make_strategy("random", 4, 32, seed=8)
+    m = metrics([1, 1, 1, 1])
+    assert a.initial() == b.initial()
+    draws = [a.rebalance(m, [32] * 4, u) for u in (10, 20, 30)]
+    assert draws == [b.rebalance(m, [32] * 4, u) for u in (10, 20, 30)]
+    assert len({tuple(d) for d in draws}) == 3  # a new split each rebalance
+    assert draws != [c.rebalance(m, [32] * 4, u) for u in (10, 20, 30)]
+    assert all(sum(d) == 128 and min(d) >= 1 for d in draws)
+
+
+def test_random_respects_global_batch_and_caps():
+    s = make_strategy("random", 4, 32, global_batch=20)
+    got = s.rebalance(metrics([1] * 4, max_batch=[5, 5, 5, 5]), [5] * 4, 1)
+    assert got == [5, 5, 5, 5]  # the only split of 20 within caps of 5
+
+
+def test_fixed_validates_and_never_changes():
+    with pytest.raises(UsageError, match="one size per rank"):
+        make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30])
+    with pytest.raises(UsageError, match="one size per rank"):
+        make_strategy("fixed", 4, 32)
+    with pytest.raises(UsageError, match=">= 1"):
+        make_strategy("fixed", 4, 32, batch_sizes=[10, 0, 30, 40])
+    with pytest.raises(UsageError, match="disagrees"):
+        make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30, 40], global_batch=128)
+    s = make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30, 40])
+    assert s.initial() == [10, 20, 30, 40] and s.global_batch == 100
+    assert s.rebalance(metrics([1, 1, 1, 1]), [25] * 4, 3) == [10, 20, 30, 40]
+    s.rebalance(metrics([1, 1, 1, 1], max_batch=[None, None, None, 16]), [25] * 4, 4)
+    assert "rank(s) [3]" in s.last_warning
+
+
+def test_proportional_freezes_after_first_measurement():
+    s = make_strategy("proportional", 4, 25)
+    assert s.initial() == [25] * 4
+    first = s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 1)
+    assert first == [30, 30, 30, 10]
+    assert s.rebalance(metrics([100, 100, 100, 100]), first, 2) == [30, 30, 30, 10]
+    t = make_strategy("proportional", 4, 25)
+    t.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert t.rebalance(metrics([1, 1, 1, 1]), [25] * 4, 3) == [30, 30, 30, 10]
+
+
+def test_proportional_waits_for_complete_measurement():
+    s = make_strategy("proportional", 4, 25)
+    assert s.rebalance(metrics([300, None, 300, 100]), [25] * 4, 1) == [25] * 4
+    assert "rank(s) [1]" in s.last_warning
+    assert s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 2) == [30, 30, 30, 10]
+
+
+def test_paramhub_rebalances_once_after_warmup():
+    s = make_strategy("paramhub", 4, 25, paramhub_after=5)
+    assert s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 4) == [25] * 4  # still warming up
+    assert s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 5) == [30, 30, 30, 10]
+    assert s.rebalance(metrics([100, 300, 300, 300]), [30, 30, 30, 10], 10) == [30, 30, 30, 10]
+    with pytest.raises(UsageError, match="paramhub_after"):
+        make_strategy("paramhub", 4, 25, paramhub_after=-1)
+
+
+def test_lbbsp_tracks_changes_with_smoothing():
+    s = make_strategy("lbbsp", 4, 25, alpha=0.5)
+    assert s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 1) == [30, 30, 30, 10]
+    # Rank 3 speeds up to 500: prediction 0.5*500 + 0.5*100 = 300 -> equal split.
+    assert s.rebalance(metrics([300, 300, 300, 500]), [30, 30, 30, 10], 2) == [25] * 4
+    # Prediction 400 vs 300: 100 * [3, 3, 3, 4]/13 = 23.08 x3, 30.77 -> [23, 23, 23, 31].
+    assert s.rebalance(metrics([300, 300, 300, 500]), [25] * 4, 3) == [23, 23, 23, 31]
+
+
+def test_lbbsp_missing_rank_uses_last_prediction():
+    s = make_strategy("lbbsp", 4, 25, alpha=1.0)
+    s.rebalance(metrics([300, 300, 300, 100]), [25] * 4, 1)
+    assert s.rebalance(metrics([300, 300, 300, None]), [30, 30, 30, 10], 2) == [30, 30, 30, 10]
+    assert "rank(s) [3]" in s.last_warning
+    with pytest.raises(UsageError, match="alpha"):
+        make_strategy("lbbsp", 4, 25, alpha=0.0)
+
+
+def test_rebalance_checks_sizes():
+    s = make_strategy("equal", 4, 32)
+    with pytest.raises(UsageError, match="describe 3 ranks"):
+        s.rebalance(ClusterMetrics([1] * 3, [1] * 3, [[0] * 3] * 3), [32] * 4, 1)
+    with pytest.raises(UsageError, match="ints >= 1"):
+        s.rebalance(metrics([1] * 4), [32, 32, 32, 0], 1)

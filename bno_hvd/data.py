@@ -1,0 +1,198 @@
+"""Datasets: Fashion-MNIST and MNIST read from local IDX files, and a seeded synthetic set.
+
+Nothing is ever downloaded (cluster nodes may have no internet). Every dataset comes back as one
+in-memory ``TensorDataset(images, labels)``: images float32 ``[N, 1, 28, 28]`` normalised as
+``(x / 255 - mean) / std`` with the per-dataset constants in :data:`NORMALIZATION`, labels int64 ``[N]``.
+
+Where the files are looked for:
+
+- ``fashion-mnist``: ``data_dir`` (default :data:`FASHION_MNIST_DIR`, from the Debian package
+  ``dataset-fashion-mnist``), also torchvision's ``<data_dir>/FashionMNIST/raw``.
+- ``mnist``: ``<data_dir>/MNIST/raw`` (torchvision's layout) or ``data_dir`` itself.
+
+Each file may be plain (``train-images-idx3-ubyte``) or gzipped (``train-images-idx3-ubyte.gz``).
+
+Usage::
+
+    train = load_dataset("fashion-mnist", "train")
+    test = load_dataset("mnist", "test", data_dir="~/data")
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from bno_hvd.errors import UsageError
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASET_NAMES = ("fashion-mnist", "mnist", "synthetic")
+SPLITS = ("train", "test")
+NUM_CLASSES = 10
+IMAGE_SIZE = 28
+
+# (mean, std) of the training pixels scaled to [0, 1]; the usual published values.
+# Synthetic pixels are prototypes uniform in [0, 255] plus noise, so roughly (0.5, 0.3).
+NORMALIZATION = {
+    "fashion-mnist": (0.2860, 0.3530),
+    "mnist": (0.1307, 0.3081),
+    "synthetic": (0.5, 0.3),
+}
+
+# IDX files this module reads: unsigned bytes only (type code 0x08).
+_IDX_UBYTE = 0x08
+_FILE_STEMS = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path) -> np.ndarray:
+    """Read an IDX file of unsigned bytes (plain, or gzipped if ``path`` ends in ``.gz``).
+
+    Returns a uint8 array shaped by the header: ``[N]`` for labels (magic 0x0801),
+    ``[N, rows, cols]`` for images (magic 0x0803), read-only (a view of the file's bytes; copy to
+    modify). A bad magic number, a truncated file or
+    trailing bytes raise :class:`UsageError` naming the file.
+    """
+    path = os.fspath(path)
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as err:
+        # gzip raises EOFError for a cut-off stream and BadGzipFile (an OSError) for garbage.
+        raise UsageError(f"cannot read IDX file {path}: {err}; replace it with an intact copy") from None
+    return _decode_idx(raw, path)
+
+
+def _decode_idx(raw: bytes, path: str) -> np.ndarray:
+    if len(raw) < 4:
+        raise UsageError(f"IDX file {path} is truncated ({len(raw)} bytes); replace it with an intact copy")
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != _IDX_UBYTE or ndim not in (1, 3):
+        raise UsageError(
+            f"IDX file {path} has bad magic 0x{raw[:4].hex()} (expected 0x00000801 labels or "
+            f"0x00000803 images); is it really an MNIST-style IDX file?"
+        )
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise UsageError(f"IDX file {path} is truncated inside its header; replace it with an intact copy")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    expected = header + int(np.prod(shape, dtype=np.int64))
+    if len(raw) != expected:
+        what = "truncated" if len(raw) < expected else "longer than its header says"
+        raise UsageError(
+            f"IDX file {path} is {what} ({len(raw)} bytes, header {shape} needs {expected}); "
+            f"replace it with an intact copy"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def write_idx(path, array) -> None:
+    """Write a uint8 array with 1 or 3 dimensions as an IDX file (gzipped if ``path`` ends in ``.gz``).
+
+    The inverse of :func:`read_idx`; tests use it to make small datasets.
+    """
+    path = os.fspath(path)
+    array = np.asarray(array)
+    if array.dtype != np.uint8 or array.ndim not in (1, 3):
+        raise ValueError(f"write_idx needs a uint8 array with 1 or 3 dimensions, got {array.dtype} {array.shape}")
+    header = struct.pack(">HBB", 0, _IDX_UBYTE, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + np.ascontiguousarray(array).tobytes())
+
+
+def load_dataset(
+    name: str,
+    split: str,
+    data_dir: str | None = None,
+    *,
+    synthetic_size: int = 2048,
+    seed: int = 0,
+) -> TensorDataset:
+    """Load one split of a dataset into memory as ``TensorDataset(images, labels)``.
+
+    ``name`` is one of :data:`DATASET_NAMES`, ``split`` is ``"train"`` or ``"test"``.
+    Images are float32 ``[N, 1, 28, 28]``, normalised with :data:`NORMALIZATION`; labels int64 ``[N]``.
+    ``synthetic`` has ``synthetic_size`` train / ``synthetic_size // 4`` test samples and is
+    deterministic for a given ``seed``; the other datasets ignore both.
+    Raises :class:`UsageError` for unknown names/splits and missing or damaged files.
+    """
+    if name not in DATASET_NAMES:
+        raise UsageError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    if split not in SPLITS:
+        raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if name == "synthetic":
+        images, labels = _synthetic_uint8(split, synthetic_size, seed)
+    else:
+        images, labels = _read_split(name, split, data_dir)
+    return TensorDataset(_normalise(images, *NORMALIZATION[name]), torch.from_numpy(labels.astype(np.int64)))
+
+
+def _normalise(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
+    # In place on one float32 copy (60k Fashion-MNIST images are 188 MB): no temporaries on top.
+    # The copy also makes the tensor writable; read_idx returns a read-only view of the file bytes.
+    x = torch.from_numpy(images.astype(np.float32))
+    return x.div_(255.0).sub_(mean).div_(std).unsqueeze_(1)
+
+
+def _read_split(name: str, split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
+    folders = _candidate_dirs(name, data_dir)
+    image_stem, label_stem = _FILE_STEMS[split]
+    images = read_idx(_find_file(name, folders, image_stem))
+    labels = read_idx(_find_file(name, folders, label_stem))
+    if images.ndim != 3 or labels.ndim != 1:
+        raise UsageError(f"{name} {split}: image file must be 3-D and label file 1-D; are the two files swapped?")
+    if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
+        raise UsageError(f"{name} {split}: images are {images.shape[1:]}, expected 28x28; use the original IDX files")
+    if len(images) != len(labels):
+        raise UsageError(f"{name} {split}: {len(images)} images but {len(labels)} labels; the files do not belong together")
+    if labels.size and labels.max() >= NUM_CLASSES:
+        raise UsageError(f"{name} {split}: label {labels.max()} is out of range 0..9; use the original label file")
+    return images, labels
+
+
+def _candidate_dirs(name: str, data_dir: str | None) -> list[str]:
+    if name == "fashion-mnist":
+        base = os.path.expanduser(data_dir or FASHION_MNIST_DIR)
+        return [base, os.path.join(base, "FashionMNIST", "raw")]
+    if data_dir is None:
+        raise UsageError("dataset mnist needs a data directory holding the MNIST IDX files (e.g. <dir>/MNIST/raw)")
+    base = os.path.expanduser(data_dir)
+    return [os.path.join(base, "MNIST", "raw"), base]
+
+
+def _find_file(name: str, folders: list[str], stem: str) -> str:
+    for folder in folders:
+        for filename in (stem, stem + ".gz"):
+            path = os.path.join(folder, filename)
+            if os.path.isfile(path):
+                return path
+    where = " or ".join(folders)
+    if name == "fashion-mnist" and folders[0] == FASHION_MNIST_DIR:
+        hint = "install it with `apt-get install dataset-fashion-mnist` or point the data directory at a copy"
+    else:
+        hint = f"put the {name} IDX file there (plain or .gz)"
+    raise UsageError(f"{name}: missing {stem}[.gz] in {where}; {hint}")
+
+
+def _synthetic_uint8(split: str, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Noisy copies of 10 random class prototypes: learnable, yet not solved by the first batch."""
+    if size < 4:
+        raise UsageError(f"synthetic_size must be at least 4, got {size}")
+    n = size if split == "train" else size // 4
+    # Prototypes depend on the seed only, so train and test share classes; samples differ by split.
+    protos = np.random.default_rng(seed).uniform(0, 255, size=(NUM_CLASSES, IMAGE_SIZE, IMAGE_SIZE))
+    rng = np.random.default_rng([seed, SPLITS.index(split) + 1])
+    labels = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
+    noise = rng.normal(0.0, 96.0, size=(n, IMAGE_SIZE, IMAGE_SIZE))
+    images = np.clip(protos[labels] + noise, 0, 255).astype(np.uint8)
+    return images, labels

@@ -1,0 +1,125 @@
+"""Hostfile validation: parse ``hostname slots=N`` lines strictly, then hand horovodrun a clean copy.
+
+horovodrun's own parser takes ``line.split()[0]`` and ``line.split('=')[1]`` of every line, so a
+blank line (also a trailing one) or a comment crashes it with an IndexError, and anything after
+``slots=N`` ends up in the slot count. We validate first, with line numbers and fix-it messages,
+and pass horovodrun a normalised file via :func:`write_clean_hostfile`.
+
+Accepted format, one host per line; blank lines and ``#`` comments (full-line or trailing) are skipped::
+
+    # name-or-address  slots=<processes on that host>
+    node1 slots=2
+    10.0.0.2 slots=4   # the GPU box
+
+Usage::
+
+    hosts = parse_hostfile("hostfiles/localhost")
+    check_hosts_resolvable(hosts)
+    write_clean_hostfile(hosts, "runs/hostfile")
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from typing import Iterable
+
+from bno_hvd.errors import UsageError
+
+_SLOTS = re.compile(r"slots=(\S*)")
+# horovodrun joins hosts as "name:slots,name:slots", so these characters cannot be in a name.
+_FORBIDDEN_IN_NAME = (":", ",", "=")
+
+
+@dataclass(frozen=True)
+class HostSlots:
+    """One hostfile entry: ``slots`` processes (ranks) are started on ``hostname``."""
+
+    hostname: str
+    slots: int
+
+
+def parse_hostfile(path) -> list[HostSlots]:
+    """Parse and validate a hostfile; returns its hosts in file order.
+
+    Raises :class:`UsageError` (``"hostfile X line K: ..."``) for an unreadable file, a missing or
+    bad ``slots=N`` (N must be a positive integer), extra tokens, a duplicate host, or no hosts.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise UsageError(f"hostfile {path}: cannot read it ({reason}); give a text file of 'hostname slots=N' lines") from None
+
+    hosts: list[HostSlots] = []
+    first_line: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        tokens = line.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        where = f"hostfile {path} line {number}"
+        host = _parse_line(tokens, where)
+        if host.hostname in first_line:
+            raise UsageError(
+                f"{where}: duplicate host {host.hostname!r} (first on line {first_line[host.hostname]}); "
+                f"merge them into one line with the total slots"
+            )
+        first_line[host.hostname] = number
+        hosts.append(host)
+    if not hosts:
+        raise UsageError(f"hostfile {path}: no hosts in it; add lines like 'localhost slots=4'")
+    return hosts
+
+
+def _parse_line(tokens: list[str], where: str) -> HostSlots:
+    name = tokens[0]
+    if name.startswith("slots="):
+        raise UsageError(f"{where}: line starts with {name!r}; write the hostname first, as 'hostname {name}'")
+    if ":" in name and len(tokens) == 1 and name.rsplit(":", 1)[1].isdigit():
+        host, slots = name.rsplit(":", 1)
+        raise UsageError(f"{where}: {name!r} is the -H format; in a hostfile write '{host} slots={slots}'")
+    if any(c in name for c in _FORBIDDEN_IN_NAME):
+        raise UsageError(f"{where}: hostname {name!r} contains ':', ',' or '='; use a plain hostname or IPv4 address")
+    if len(tokens) == 1:
+        raise UsageError(f"{where}: missing 'slots=N' after {name!r}; write '{name} slots=N'")
+    match = _SLOTS.fullmatch(tokens[1])
+    if match is None:
+        raise UsageError(f"{where}: unexpected {tokens[1]!r} after {name!r}; write '{name} slots=N'")
+    if len(tokens) > 2:
+        raise UsageError(f"{where}: unexpected {' '.join(tokens[2:])!r} after 'slots=N'; remove it or make it a '#' comment")
+    value = match.group(1)
+    if not re.fullmatch(r"[0-9]+", value) or int(value) <= 0:
+        raise UsageError(f"{where}: bad slot count {value!r}; slots must be a positive integer, e.g. '{name} slots=2'")
+    return HostSlots(name, int(value))
+
+
+def check_hosts_resolvable(hosts: Iterable[HostSlots | str]) -> None:
+    """Raise :class:`UsageError` naming every host whose name does not resolve (``socket.getaddrinfo``)."""
+    unknown = []
+    for host in hosts:
+        name = host.hostname if isinstance(host, HostSlots) else host
+        try:
+            socket.getaddrinfo(name, None)
+        except (socket.gaierror, UnicodeError):
+            unknown.append(name)
+    if unknown:
+        raise UsageError(
+            f"unknown host(s) {', '.join(map(repr, unknown))}: the name does not resolve; "
+            f"fix the hostfile or add the host to /etc/hosts"
+        )
+
+
+def write_clean_hostfile(hosts: Iterable[HostSlots], path) -> None:
+    """Write ``hosts`` as ``hostname slots=N`` lines, no blanks or comments: what horovodrun can parse."""
+    text = "".join(f"{h.hostname} slots={h.slots}\n" for h in hosts)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def total_slots(hosts: Iterable[HostSlots]) -> int:
+    """Total number of processes the hosts can run: the sum of their slots."""
+    return sum(h.slots for h in hosts)

@@ -1,0 +1,1 @@
+"""The mpi4py control plane: the only package (with ``bno_hvd.hvd``) that talks MPI."""

@@ -1,0 +1,105 @@
+"""Gather every rank's measurements on rank 0, allocate there, broadcast the batch sizes.
+
+Horovod does the gradient allreduce; this module carries only control traffic, on a
+communicator the caller reserves for it (``MPI.COMM_WORLD.Dup()``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ..allocation import ClusterMetrics
+
+
+@dataclass
+class RankReport:
+    """What one rank tells rank 0 at a rebalance."""
+
+    rank: int
+    ops: float | None                       # samples/s of its compute phase
+    memory_used: float                      # bytes
+    latency_row: list[float]                # seconds to every rank, NaN where unknown
+    compute_samples: list[tuple[int, float]] = field(default_factory=list)
+    max_batch: int | None = None
+
+    def is_finite(self) -> bool:
+        """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
+        if self.ops is None or not math.isfinite(self.ops) or self.ops <= 0:
+            return False
+        if not math.isfinite(self.memory_used):
+            return False
+        if any(math.isinf(x) for x in self.latency_row):
+            return False
+        return all(math.isfinite(t) for _, t in self.compute_samples)
+
+
+def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
+    """Assemble rank 0's view. Missing latency pairs are completed symmetrically."""
+    import numpy as np
+
+    from .schedule import complete_matrix
+
+    rows = np.array([r.latency_row for r in reports], dtype=float)
+    return ClusterMetrics(
+        ops=[r.ops for r in reports],
+        memory_used=[r.memory_used for r in reports],
+        latency=complete_matrix(rows).tolist(),
+        compute_samples=[list(r.compute_samples) for r in reports],
+        max_batch=[r.max_batch for r in reports],
+    )
+
+
+@dataclass
+class RebalanceResult:
+    batch_sizes: list[int]
+    seconds: float                 # gather + compute + broadcast, as seen by this rank
+    warning: str | None = None     # set on rank 0 when the strategy kept the old allocation
+
+
+class ControlPlane:
+    """Rank-0-centred control traffic on ``comm``.
+
+    Usage::
+
+        plane = ControlPlane(MPI.COMM_WORLD.Dup())
+        sizes = plane.rebalance(strategy, report, current, update).batch_sizes
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def gather(self, report: RankReport) -> list[RankReport] | None:
+        return self.comm.gather(report, root=0)
+
+    def broadcast(self, batch_sizes: list[int] | None) -> list[int]:
+        return self.comm.bcast(batch_sizes, root=0)
+
+    def rebalance(self, strategy, report: RankReport, current: list[int], update: int) -> RebalanceResult:
+        """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
+        t0 = time.perf_counter()
+        reports = self.gather(report)
+        sizes, warning = None, None
+        if self.rank == 0:
+            sizes, warning = allocate_on_root(strategy, reports, current, update)
+        sizes = self.broadcast(sizes)
+        assert len(sizes) == self.size and all(b >= 1 for b in sizes)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warning)
+
+
+def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):
+    """Rank 0's part of a rebalance (pure): never lets bad metrics poison the allocation."""
+    bad = [r.rank for r in reports if not r.is_finite()]
+    if bad:
+        return list(current), f"non-finite metrics from rank(s) {bad}; kept the last allocation"
+    try:
+        sizes = strategy.rebalance(reports_to_metrics(reports), list(current), update)
+    except (ValueError, ArithmeticError) as err:
+        return list(current), f"allocation failed ({err}); kept the last allocation"
+    warning = getattr(strategy, "last_warning", None)
+    sizes = [int(b) for b in sizes]
+    if len(sizes) != len(current) or any(b < 1 for b in sizes):
+        return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"
+    return sizes, warning

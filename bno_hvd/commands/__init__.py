@@ -1,0 +1,1 @@
+"""Subcommands of the bno-hvd CLI, one module each."""

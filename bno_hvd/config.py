@@ -1,0 +1,96 @@
+"""One frozen dataclass for a training run: click flags -> TrainConfig -> components."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "cnn"
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    strategy: str = "equal"
+    base_batch_size: int = 32
+    batch_sizes: tuple[int, ...] | None = None     # for --strategy fixed
+    global_batch: int | None = None                # for strategies that keep it fixed
+    updates: int = 600
+    lr: float = 0.02
+    lr_scaling: str = "linear"
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    seed: int = 0
+    rebalance_every: int = 10
+    log_dir: str | None = None
+    save_model: str | None = None
+    threads: int = 1
+    emulate_speed: tuple[float, ...] | None = None
+    emulate_rate: float = 200.0
+    emulate_schedule: str | None = None
+    latency_interval: float = 5.0
+    probe_bytes: int = 65536
+    max_batch: int | None = None                   # per-rank cap (memory limit, in samples)
+    eval: bool = True
+    eval_batch_size: int = 1000
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume: bool = False
+    progress: bool = True
+    synthetic_size: int = 4096
+    dtype: str = "float32"                         # float64 for exactness checks
+
+    def __post_init__(self) -> None:
+        positive = {"base_batch_size": self.base_batch_size, "updates": self.updates,
+                    "rebalance_every": self.rebalance_every, "threads": self.threads,
+                    "eval_batch_size": self.eval_batch_size}
+        for name, value in positive.items():
+            if value is None or value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+        if not self.lr > 0 or self.lr == float("inf"):
+            raise UsageError(f"--lr must be a positive number, got {self.lr}")
+        if self.emulate_rate <= 0 or self.emulate_rate == float("inf"):
+            raise UsageError(f"--emulate-rate must be a positive number of samples/s, got {self.emulate_rate}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise UsageError(f"--optimizer {self.optimizer!r}: use sgd or adam")
+        if self.dtype not in ("float32", "float64"):
+            raise UsageError(f"--dtype {self.dtype!r}: use float32 or float64")
+        if self.lr_scaling not in ("linear", "none"):
+            raise UsageError(f"--lr-scaling {self.lr_scaling!r}: use linear or none")
+        if self.batch_sizes is not None and any(b < 1 for b in self.batch_sizes):
+            raise UsageError(f"--batch-sizes must all be positive integers, got {','.join(map(str, self.batch_sizes))}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise UsageError(f"--global-batch must be a positive integer, got {self.global_batch}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise UsageError(f"--max-batch must be a positive integer, got {self.max_batch}")
+        if self.checkpoint_every < 0:
+            raise UsageError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+        if self.resume and not self.checkpoint_dir:
+            raise UsageError("--resume needs --checkpoint-dir DIR")
+        if self.latency_interval < 0:
+            raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off)")
+
+    def check_world(self, size: int) -> None:
+        """Checks that need the number of ranks (same result on every rank)."""
+        if self.strategy == "fixed" and self.batch_sizes is None:
+            raise UsageError("--strategy fixed needs --batch-sizes, one per rank, e.g. --batch-sizes 5,11,3,13")
+        if self.batch_sizes is not None and len(self.batch_sizes) != size:
+            raise UsageError(f"--batch-sizes has {len(self.batch_sizes)} entries but the job has {size} ranks; give one per rank")
+        if self.emulate_speed is not None and len(self.emulate_speed) != size:
+            raise UsageError(f"--emulate-speed has {len(self.emulate_speed)} entries but the job has {size} ranks; give one per rank")
+        if self.global_batch is not None and self.global_batch < size:
+            raise UsageError(f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample")
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulate_speed is not None or self.emulate_schedule is not None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,226 @@
+"""The training loop under horovodrun/mpirun: the only module (with ``bno_hvd.control``)
+that talks to Horovod or MPI.
+
+Reads top to bottom: set up Horovod and the control plane, build data/model/optimizer,
+then per update: take this rank's slice, forward, weighted loss, backward, allreduce (Sum),
+step, measure, and every K updates rebalance through rank 0.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .allocation import make_strategy
+from .balancer import Balancer
+from .checkpoint import load_latest, save_checkpoint
+from .config import TrainConfig
+from .control.monitor import MetricsMonitor
+from .data import load_dataset
+from .emulation import DeviceEmulator, load_schedule
+from .errors import UsageError
+from .models import build_model
+from .runlog import Progress, UpdateLog
+from .weighting import scaled_lr
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. a non-finite loss); the message is one line."""
+
+
+def init_horovod():
+    """Initialise MPI (thread-multiple, for the monitor thread) and Horovod; return hvd and
+    two communicators reserved for the control plane and the latency monitor."""
+    from mpi4py import MPI  # noqa: F401 - initialise MPI with MPI_THREAD_MULTIPLE first
+    import horovod.torch as hvd
+
+    hvd.init()
+    world = MPI.COMM_WORLD
+    if world.Get_size() != hvd.size():
+        raise UsageError(f"mpi4py sees {world.Get_size()} ranks but Horovod sees {hvd.size()}; "
+                         "launch with horovodrun --mpi (not --gloo) or mpirun")
+    return hvd, world.Dup(), world.Dup()
+
+
+def make_optimizer(cfg: TrainConfig, model, lr: float):
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def evaluate(hvd, model, data, rank: int, size: int, batch_size: int) -> tuple[int, int]:
+    """Correct predictions and total over the test split, each rank scoring a shard."""
+    x, y = data.tensors
+    model.eval()
+    correct = torch.zeros(1, dtype=torch.float64)
+    with torch.no_grad():
+        for start in range(rank * batch_size, len(y), size * batch_size):
+            logits = model(x[start:start + batch_size].to(next(model.parameters()).dtype))
+            correct += (logits.argmax(1) == y[start:start + batch_size]).sum()
+    model.train()
+    correct = hvd.allreduce(correct, op=hvd.Sum, name="eval.correct")
+    return int(correct.item()), len(y)
+
+
+def prepare(cfg: TrainConfig, rank: int, size: int):
+    """Data, strategy, emulation, model and optimizer; raises UsageError on bad input."""
+    train = load_dataset(cfg.dataset, "train", cfg.data_dir, synthetic_size=cfg.synthetic_size, seed=cfg.seed)
+    test = load_dataset(cfg.dataset, "test", cfg.data_dir, synthetic_size=cfg.synthetic_size, seed=cfg.seed) if cfg.eval else None
+
+    strategy = make_strategy(cfg.strategy, size, cfg.base_batch_size, global_batch=cfg.global_batch,
+                             seed=cfg.seed, batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None)
+    schedule = None
+    if cfg.emulate_schedule:
+        schedule = load_schedule(cfg.emulate_schedule, size)
+    elif cfg.emulate_speed:
+        schedule = [(0, list(cfg.emulate_speed))]
+    emulator = DeviceEmulator(rank, cfg.emulate_rate, schedule) if schedule else None
+
+    model = build_model(cfg.model).to(getattr(torch, cfg.dtype))
+    optimizer = make_optimizer(cfg, model, cfg.lr)
+    return train, test, strategy, schedule, emulator, model, optimizer
+
+
+def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.stdout) -> dict:
+    """Train per ``cfg``; returns rank 0's summary (other ranks get the same keys)."""
+    rank, size = hvd.rank(), hvd.size()
+    master = rank == 0
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    random.seed(cfg.seed)
+
+    # Everything a user can get wrong is checked before the first collective; the ranks then
+    # agree on the outcome, so a mistake on one rank ends every rank with the same message.
+    error = None
+    try:
+        cfg.check_world(size)
+        prep = prepare(cfg, rank, size)
+    except UsageError as err:
+        error = str(err)
+    errors = control_comm.allgather(error)
+    if any(errors):
+        bad = [r for r, e in enumerate(errors) if e]
+        first = errors[bad[0]]
+        raise UsageError(first if len(bad) == size else f"rank(s) {bad}: {first}")
+    train, test, strategy, schedule, emulator, model, optimizer = prep
+    x_train, y_train = train.tensors
+    dtype = getattr(torch, cfg.dtype)
+    monitor = MetricsMonitor(monitor_comm, latency_interval=cfg.latency_interval,
+                             payload_bytes=cfg.probe_bytes).start()
+    balancer = Balancer(control_comm, strategy, len(y_train), seed=cfg.seed,
+                        rebalance_every=cfg.rebalance_every, monitor=monitor, emulator=emulator,
+                        max_batch=cfg.max_batch)
+
+    resumed_from = None
+    if cfg.resume:
+        resumed_from = _resume(cfg, model, optimizer, balancer, control_comm, master)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
+
+    meta = {"config": cfg.to_dict(), "world_size": size, "hosts": _hostnames(control_comm),
+            "emulation": ({"label": "EMULATED heterogeneity", "schedule": schedule, "rate": cfg.emulate_rate}
+                          if schedule else None), "resumed_from": resumed_from}
+    log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None)
+    progress = Progress(cfg.updates, enabled=master and cfg.progress)
+    base_global = size * cfg.base_batch_size
+    t_start, samples_done, last_loss = time.perf_counter(), 0, float("nan")
+    try:
+        while balancer.update < cfg.updates:
+            lr = scaled_lr(cfg.lr, balancer.global_batch, size, cfg.base_batch_size,
+                           cfg.lr_scaling if strategy.changes_global_batch else "none")
+            set_lr(optimizer, lr)
+            step = balancer.start_step()
+            idx = torch.from_numpy(step.indices)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x_train[idx].to(dtype)), y_train[idx])
+            (loss * step.weight).backward()
+            balancer.end_compute()
+            optimizer.step()
+            stats = balancer.end_step()
+            global_loss = hvd.allreduce(loss.detach() * step.weight, op=hvd.Sum, name="loss").item()
+            if not math.isfinite(global_loss):
+                raise TrainingError(f"loss became {global_loss} at update {step.update}; lower --lr "
+                                    "(the last good checkpoint, if any, is kept)")
+            last_loss = global_loss
+            samples_done += sum(step.batch_sizes)
+            if master:
+                log.write({"update": step.update, "batch_sizes": step.batch_sizes,
+                           "weight_update_time": stats.step_seconds, "compute_time": stats.compute_seconds,
+                           "loss": global_loss, "samples_per_s": sum(step.batch_sizes) / stats.step_seconds,
+                           "lr": lr, "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
+                           "rebalance_time": stats.rebalance_seconds, "time": time.perf_counter() - t_start})
+                progress.update(balancer.update, sum(step.batch_sizes), balancer.batch_sizes, global_loss)
+                for w in balancer.warnings:
+                    print(f"bno-hvd: warning: {w}", file=sys.stderr)
+                balancer.warnings.clear()
+            if cfg.checkpoint_every and balancer.update % cfg.checkpoint_every == 0:
+                _checkpoint(cfg, model, optimizer, balancer, master)
+        wall = time.perf_counter() - t_start
+        result = {"updates": balancer.update, "wall_seconds": wall, "samples": samples_done,
+                  "samples_per_s": samples_done / wall if wall > 0 else 0.0, "final_loss": last_loss,
+                  "final_batch_sizes": balancer.batch_sizes, "emulated": schedule is not None}
+        if test is not None:
+            correct, total = evaluate(hvd, model, test, rank, size, cfg.eval_batch_size)
+            result.update(test_correct=correct, test_total=total, test_accuracy=correct / total)
+            if master:
+                print(f"test accuracy: {correct / total:.4f} ({correct}/{total}) after {balancer.update} "
+                      f"updates, {samples_done} samples, {wall:.1f} s", file=out, flush=True)
+        if master and cfg.save_model:
+            _save_model(model, cfg.save_model)
+        if master and cfg.log_dir:
+            from .runlog import write_json_atomic
+            write_json_atomic(os.path.join(cfg.log_dir, "result.json"), result)
+        return result
+    finally:
+        log.close()
+        monitor.stop()
+
+
+def _save_model(model, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)
+
+
+def _checkpoint(cfg, model, optimizer, balancer, master: bool) -> None:
+    state = balancer.state_dict()  # every rank calls it; only rank 0's carries the strategy
+    if master:
+        save_checkpoint(cfg.checkpoint_dir, balancer.update, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "balancer": state,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
+
+
+def _resume(cfg, model, optimizer, balancer, comm, master: bool):
+    found = load_latest(cfg.checkpoint_dir) if master else None
+    info = comm.bcast(None if found is None else {"update": found[0], "balancer": found[1]["balancer"]}, root=0)
+    if info is None:
+        return None
+    if master:
+        state = found[1]
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+    balancer.load_state_dict(info["balancer"])
+    return info["update"]
+
+
+def _hostnames(comm) -> list[str]:
+    import socket
+    return comm.allgather(socket.gethostname())

@@ -26,7 +26,7 @@ from .data import load_dataset
 from .emulation import DeviceEmulator, load_schedule
 from .errors import UsageError
 from .models import build_model
-from .runlog import Progress, UpdateLog
+from .runlog import Progress, UpdateLog, write_json_atomic
 from .weighting import scaled_lr
 
 
@@ -137,6 +137,8 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
     progress = Progress(cfg.updates, enabled=master and cfg.progress)
     base_global = size * cfg.base_batch_size
     t_start, samples_done, last_loss = time.perf_counter(), 0, float("nan")
+    own_steps: list[tuple[int, float, float]] = []  # (batch, compute s, rebalance s) of this rank
+    records: list[dict] = []
     try:
         while balancer.update < cfg.updates:
             lr = scaled_lr(cfg.lr, balancer.global_batch, size, cfg.base_batch_size,
@@ -156,12 +158,14 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                                     "(the last good checkpoint, if any, is kept)")
             last_loss = global_loss
             samples_done += sum(step.batch_sizes)
+            own_steps.append((step.batch_size, stats.compute_seconds, stats.rebalance_seconds))
             if master:
-                log.write({"update": step.update, "batch_sizes": step.batch_sizes,
+                records.append({"update": step.update, "batch_sizes": step.batch_sizes,
                            "weight_update_time": stats.step_seconds, "compute_time": stats.compute_seconds,
                            "loss": global_loss, "samples_per_s": sum(step.batch_sizes) / stats.step_seconds,
                            "lr": lr, "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
                            "rebalance_time": stats.rebalance_seconds, "time": time.perf_counter() - t_start})
+                log.write(records[-1])
                 progress.update(balancer.update, sum(step.batch_sizes), balancer.batch_sizes, global_loss)
                 for w in balancer.warnings:
                     print(f"bno-hvd: warning: {w}", file=sys.stderr)
@@ -171,7 +175,11 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
         wall = time.perf_counter() - t_start
         result = {"updates": balancer.update, "wall_seconds": wall, "samples": samples_done,
                   "samples_per_s": samples_done / wall if wall > 0 else 0.0, "final_loss": last_loss,
-                  "final_batch_sizes": balancer.batch_sizes, "emulated": schedule is not None}
+                  "final_batch_sizes": balancer.batch_sizes, "emulated": schedule is not None,
+                  "emulation_overruns": emulator.overruns if emulator else 0}
+        # every rank's own step measurements, for benchmarks (ideal throughput, control cost)
+        per_rank = control_comm.gather(own_steps, root=0)
+        overruns = control_comm.gather(result["emulation_overruns"], root=0)
         if test is not None:
             correct, total = evaluate(hvd, model, test, rank, size, cfg.eval_batch_size)
             result.update(test_correct=correct, test_total=total, test_accuracy=correct / total)
@@ -180,10 +188,13 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                       f"updates, {samples_done} samples, {wall:.1f} s", file=out, flush=True)
         if master and cfg.save_model:
             _save_model(model, cfg.save_model)
-        if master and cfg.log_dir:
-            from .runlog import write_json_atomic
-            write_json_atomic(os.path.join(cfg.log_dir, "result.json"), result)
-        return result
+        if master:
+            result["emulation_overruns"] = overruns
+            if cfg.log_dir:
+                write_json_atomic(os.path.join(cfg.log_dir, "result.json"), result)
+                write_json_atomic(os.path.join(cfg.log_dir, "ranks.json"), {"rank_steps": per_rank})
+        # in memory only: what benchmarks summarise (also readable back from the log dir)
+        return dict(result, records=records, rank_steps=per_rank)
     finally:
         log.close()
         monitor.stop()

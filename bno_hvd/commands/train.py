@@ -12,33 +12,36 @@ from ..models import MODEL_NAMES
 DEFAULTS = TrainConfig()
 
 
-def train_options(fn):
+def train_options(fn=None, *, exclude=()):
     """Flags shared by train, bench and experiment (one place, one set of defaults)."""
+    if fn is None:
+        return lambda f: train_options(f, exclude=exclude)
     opts = [
-        click.option("--model", type=click.Choice(MODEL_NAMES), default=DEFAULTS.model, show_default=True, help="Model to train."),
-        click.option("--dataset", type=click.Choice(DATASET_NAMES), default=DEFAULTS.dataset, show_default=True, help="fashion-mnist (Debian package), mnist (IDX files in --data-dir) or synthetic."),
-        click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Directory with IDX files (default for fashion-mnist: /usr/share/datasets/fashion-mnist)."),
-        click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULTS.strategy, show_default=True, help="Batch allocation strategy."),
-        click.option("--base-batch-size", type=int, default=DEFAULTS.base_batch_size, show_default=True, help="Baseline batch size B per rank (the paper's B)."),
-        click.option("--batch-sizes", default=None, help="Per-rank batch sizes for --strategy fixed, e.g. 5,11,3,13."),
-        click.option("--global-batch", type=int, default=None, help="Global batch kept fixed by balanced/lbbsp/proportional/paramhub/random (default N*B)."),
-        click.option("--updates", type=int, default=DEFAULTS.updates, show_default=True, help="Number of weight updates."),
-        click.option("--lr", type=float, default=DEFAULTS.lr, show_default=True, help="Learning rate for the global batch N*B."),
-        click.option("--lr-scaling", type=click.Choice(["linear", "none"]), default=DEFAULTS.lr_scaling, show_default=True, help="Scale the LR with the global batch when a strategy changes it (bno)."),
-        click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=DEFAULTS.optimizer, show_default=True, help="Optimizer (SGD uses --momentum)."),
-        click.option("--momentum", type=float, default=DEFAULTS.momentum, show_default=True, help="SGD momentum."),
-        click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of model init, sample order and random allocation."),
-        click.option("--rebalance-every", type=int, default=DEFAULTS.rebalance_every, show_default=True, help="Rebalance every K updates."),
-        click.option("--max-batch", type=int, default=None, help="Per-rank batch cap (memory limit in samples)."),
-        click.option("--emulate-speed", default=None, help="EMULATION: relative device speed per rank, e.g. 1,1,1,0.33."),
-        click.option("--emulate-rate", type=float, default=DEFAULTS.emulate_rate, show_default=True, help="EMULATION: samples/s of a speed-1 rank."),
-        click.option("--emulate-schedule", type=click.Path(dir_okay=False), default=None, help="EMULATION: JSON file of speeds that change at given updates."),
-        click.option("--latency-interval", type=float, default=DEFAULTS.latency_interval, show_default=True, help="Seconds between latency probes (0: off)."),
-        click.option("--dtype", type=click.Choice(["float32", "float64"]), default=DEFAULTS.dtype, show_default=True, help="Parameter/compute precision (float64 for exactness checks)."),
-        click.option("--threads", type=int, default=DEFAULTS.threads, show_default=True, help="torch threads per rank."),
+        ("model", click.option("--model", type=click.Choice(MODEL_NAMES), default=DEFAULTS.model, show_default=True, help="Model to train.")),
+        ("dataset", click.option("--dataset", type=click.Choice(DATASET_NAMES), default=DEFAULTS.dataset, show_default=True, help="fashion-mnist (Debian package), mnist (IDX files in --data-dir) or synthetic.")),
+        ("data-dir", click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Directory with IDX files (default for fashion-mnist: /usr/share/datasets/fashion-mnist).")),
+        ("strategy", click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=DEFAULTS.strategy, show_default=True, help="Batch allocation strategy.")),
+        ("base-batch-size", click.option("--base-batch-size", type=int, default=DEFAULTS.base_batch_size, show_default=True, help="Baseline batch size B per rank (the paper's B).")),
+        ("batch-sizes", click.option("--batch-sizes", default=None, help="Per-rank batch sizes for --strategy fixed, e.g. 5,11,3,13.")),
+        ("global-batch", click.option("--global-batch", type=int, default=None, help="Global batch kept fixed by balanced/lbbsp/proportional/paramhub/random (default N*B).")),
+        ("updates", click.option("--updates", type=int, default=DEFAULTS.updates, show_default=True, help="Number of weight updates.")),
+        ("lr", click.option("--lr", type=float, default=DEFAULTS.lr, show_default=True, help="Learning rate for the global batch N*B.")),
+        ("lr-scaling", click.option("--lr-scaling", type=click.Choice(["linear", "none"]), default=DEFAULTS.lr_scaling, show_default=True, help="Scale the LR with the global batch when a strategy changes it (bno).")),
+        ("optimizer", click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default=DEFAULTS.optimizer, show_default=True, help="Optimizer (SGD uses --momentum).")),
+        ("momentum", click.option("--momentum", type=float, default=DEFAULTS.momentum, show_default=True, help="SGD momentum.")),
+        ("seed", click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of model init, sample order and random allocation.")),
+        ("rebalance-every", click.option("--rebalance-every", type=int, default=DEFAULTS.rebalance_every, show_default=True, help="Rebalance every K updates.")),
+        ("max-batch", click.option("--max-batch", type=int, default=None, help="Per-rank batch cap (memory limit in samples).")),
+        ("emulate-speed", click.option("--emulate-speed", default=None, help="EMULATION: relative device speed per rank, e.g. 1,1,1,0.33.")),
+        ("emulate-rate", click.option("--emulate-rate", type=float, default=DEFAULTS.emulate_rate, show_default=True, help="EMULATION: samples/s of a speed-1 rank.")),
+        ("emulate-schedule", click.option("--emulate-schedule", type=click.Path(dir_okay=False), default=None, help="EMULATION: JSON file of speeds that change at given updates.")),
+        ("latency-interval", click.option("--latency-interval", type=float, default=DEFAULTS.latency_interval, show_default=True, help="Seconds between latency probes (0: off).")),
+        ("dtype", click.option("--dtype", type=click.Choice(["float32", "float64"]), default=DEFAULTS.dtype, show_default=True, help="Parameter/compute precision (float64 for exactness checks).")),
+        ("threads", click.option("--threads", type=int, default=DEFAULTS.threads, show_default=True, help="torch threads per rank.")),
     ]
-    for opt in reversed(opts):
-        fn = opt(fn)
+    for name, opt in reversed(opts):
+        if name not in exclude:
+            fn = opt(fn)
     return fn
 
 

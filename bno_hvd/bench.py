@@ -1,0 +1,121 @@
+"""Benchmark arithmetic (pure): throughput, fraction of ideal, control-plane share, and
+recovery after a change of (emulated) speeds. Inputs are what a run logs:
+
+- ``records``: rank 0's per-update dicts (``update``, ``global_batch``, ``weight_update_time``,
+  ``time`` = seconds since the run started, measured after the update);
+- ``rank_steps``: per rank, per update ``(batch, compute_seconds, rebalance_seconds)``.
+
+"Ideal" is the throughput if no rank ever waited: the sum over ranks of each rank's own
+compute throughput (samples / compute seconds) measured in the same run.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class BenchSummary:
+    strategy: str
+    updates: int
+    samples_per_s: float
+    mean_weight_update_time: float    # seconds
+    ideal_samples_per_s: float
+    fraction_of_ideal: float
+    control_overhead: float           # share of wall time spent in rebalances
+    speedup_vs_equal: float | None = None
+    final_batch_sizes: list[int] | None = None
+    mean_global_batch: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(strategy: str, records: list[dict], rank_steps: list[list], warmup: int = 0) -> BenchSummary:
+    """Summary over updates ``warmup..end`` (the first ones include start-up costs)."""
+    if len(records) <= warmup + 1:
+        raise ValueError(f"need more than {warmup + 1} updates to summarise, got {len(records)}")
+    recs = records[warmup:]
+    t_begin = records[warmup - 1]["time"] if warmup > 0 else recs[0]["time"] - recs[0]["weight_update_time"]
+    wall = recs[-1]["time"] - t_begin
+    samples = sum(r["global_batch"] for r in recs)
+    ideal = ideal_throughput(rank_steps, warmup)
+    control = control_seconds(rank_steps, warmup)
+    throughput = samples / wall
+    return BenchSummary(
+        strategy=strategy, updates=len(recs), samples_per_s=throughput,
+        mean_weight_update_time=float(np.mean([r["weight_update_time"] for r in recs])),
+        ideal_samples_per_s=ideal, fraction_of_ideal=throughput / ideal if ideal > 0 else math.nan,
+        control_overhead=control / wall, final_batch_sizes=list(records[-1]["batch_sizes"]),
+        mean_global_batch=samples / len(recs))
+
+
+def ideal_throughput(rank_steps: list[list], warmup: int = 0) -> float:
+    """Sum over ranks of samples / compute seconds (from update ``warmup`` on)."""
+    total = 0.0
+    for steps in rank_steps:
+        b = sum(s[0] for s in steps[warmup:])
+        t = sum(s[1] for s in steps[warmup:])
+        total += b / t if t > 0 else 0.0
+    return total
+
+
+def control_seconds(rank_steps: list[list], warmup: int = 0) -> float:
+    """Cost of the rebalances: per rebalance the *smallest* time any rank spent in it.
+
+    Every rank waits in the gather for the last one to arrive; that wait is step-time skew
+    the next allreduce would have paid anyway. The last rank to arrive pays only the real
+    cost (gather + allocation on rank 0 + broadcast), and that is the minimum.
+    """
+    per_update = np.array([[s[2] for s in steps[warmup:]] for steps in rank_steps], dtype=float)
+    return float(per_update.min(axis=0).sum()) if per_update.size else 0.0
+
+
+def with_speedups(summaries: list[BenchSummary]) -> list[BenchSummary]:
+    equal = next((s for s in summaries if s.strategy == "equal"), None)
+    for s in summaries:
+        s.speedup_vs_equal = s.samples_per_s / equal.samples_per_s if equal else None
+    return summaries
+
+
+def rolling_efficiency(records: list[dict], rank_steps: list[list], window: int) -> list[float]:
+    """Per update: throughput over the last ``window`` updates / ideal over the same updates."""
+    times = [r["time"] for r in records]
+    out = []
+    for u in range(len(records)):
+        lo = max(0, u - window + 1)
+        start = times[lo - 1] if lo > 0 else times[0] - records[0]["weight_update_time"]
+        done = sum(r["global_batch"] for r in records[lo:u + 1]) / max(1e-12, times[u] - start)
+        ideal = sum(sum(s[0] for s in steps[lo:u + 1]) / max(1e-12, sum(s[1] for s in steps[lo:u + 1]))
+                    for steps in rank_steps)
+        out.append(done / ideal if ideal > 0 else math.nan)
+    return out
+
+
+def recovery_intervals(efficiency: list[float], changes: list[int], rebalance_every: int,
+                       threshold: float = 0.9) -> list[float | None]:
+    """For each change at update ``c``: rebalance intervals until the rolling efficiency is
+    back at ``threshold`` (None if never before the next change or the end)."""
+    out = []
+    bounds = list(changes) + [len(efficiency)]
+    for c, nxt in zip(changes, bounds[1:]):
+        hit = next((u for u in range(c, nxt) if efficiency[u] >= threshold), None)
+        out.append(None if hit is None else (hit - c + 1) / rebalance_every)
+    return out
+
+
+TABLE_COLUMNS = ("strategy", "samples_per_s", "mean_weight_update_time", "speedup_vs_equal",
+                 "fraction_of_ideal", "control_overhead", "mean_global_batch", "final_batch_sizes")
+
+
+def format_table(summaries: list[BenchSummary]) -> str:
+    head = f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}{'control':>9}{'global B':>9}  final sizes"
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        speed = f"{s.speedup_vs_equal:.2f}x" if s.speedup_vs_equal is not None else "-"
+        lines.append(f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
+                     f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.control_overhead:>9.2%}{s.mean_global_batch:>9.1f}"
+                     f"  {','.join(map(str, s.final_batch_sizes or []))}")
+    return "\n".join(lines)

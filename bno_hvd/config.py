@@ -12,7 +12,7 @@ class TrainConfig:
     model: str = "cnn"
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
-    strategy: str = "equal"
+    strategy: str = "balanced"
     base_batch_size: int = 32
     batch_sizes: tuple[int, ...] | None = None     # for --strategy fixed
     global_batch: int | None = None                # for strategies that keep it fixed

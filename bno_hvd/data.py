@@ -32,7 +32,7 @@ from torch.utils.data import TensorDataset
 from bno_hvd.errors import UsageError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-DATASET_NAMES = ("fashion-mnist", "mnist", "synthetic")
+from bno_hvd.catalog import DATASET_NAMES  # noqa: E402  (one definition, torch-free)
 SPLITS = ("train", "test")
 NUM_CLASSES = 10
 IMAGE_SIZE = 28

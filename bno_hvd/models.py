@@ -31,7 +31,7 @@ from torch import nn
 
 from bno_hvd.errors import UsageError
 
-MODEL_NAMES = ("cnn", "alexnet", "resnet50", "vgg16")
+from bno_hvd.catalog import MODEL_NAMES  # noqa: E402  (one definition, torch-free)
 
 # Input side each torchvision model gets; None = feed 28x28 unchanged.
 TORCHVISION_INPUT_SIDE = {"alexnet": 63, "resnet50": None, "vgg16": 32}

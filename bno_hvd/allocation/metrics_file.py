@@ -5,6 +5,7 @@ Format (one entry per rank, index = rank)::
     {"ops": [120.5, 98.0, null],            # samples/s; null = not measured
      "memory_used": [2.1e9, 3.0e9, 1.2e9],  # bytes
      "latency": [[0, 1e-4, 2e-4], ...],     # NxN round trips in seconds, zero diagonal, symmetric
+                                            # or, sampled (large N): {"pairs": [[i, j, seconds], ...]}
      "max_batch": [null, 64, null],         # optional: per-rank batch cap
      "compute_samples": [[[32, 0.21]], ...]} # optional: per-rank (batch, seconds) pairs
 
@@ -119,7 +120,36 @@ def _int(name: str, x) -> int:
     return int(x)
 
 
+def _sparse_matrix(value: dict, n: int) -> np.ndarray:
+    """``{"pairs": [[i, j, s], ...]}``: a sampled probe (see control/schedule.py). Pairs not
+    measured get the median of those measured; i->j and j->i are averaged."""
+    from ..control.schedule import complete_matrix
+
+    if set(value) != {"pairs"} or not isinstance(value["pairs"], list) or not value["pairs"]:
+        raise UsageError("sparse 'latency' must be {\"pairs\": [[i, j, seconds], ...]} with at least one pair")
+    arr = np.array(value["pairs"], dtype=object)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise UsageError("latency pairs must each be [i, j, seconds]")
+    try:
+        idx = arr[:, :2].astype(np.int64)
+        sec = arr[:, 2].astype(float)
+    except (TypeError, ValueError):
+        raise UsageError("latency pairs must each be [i, j, seconds] with integer ranks and a number") from None
+    if (idx < 0).any() or (idx >= n).any():
+        raise UsageError(f"latency pairs name a rank outside 0..{n - 1}")
+    if (idx[:, 0] == idx[:, 1]).any():
+        raise UsageError("latency pairs must not pair a rank with itself (NL_ii is 0)")
+    if not np.isfinite(sec).all() or (sec < 0).any():
+        raise UsageError("latency pairs must have finite, non-negative seconds")
+    rows = np.full((n, n), np.nan)
+    rows[idx[:, 0], idx[:, 1]] = sec
+    np.fill_diagonal(rows, 0.0)
+    return complete_matrix(rows)
+
+
 def _matrix(value, n: int) -> np.ndarray:
+    if isinstance(value, dict):
+        return _sparse_matrix(value, n)
     if not isinstance(value, list) or len(value) != n:
         got = len(value) if isinstance(value, list) else type(value).__name__
         raise UsageError(f"'latency' must be a list of {n} rows (one per rank), got {got}; "

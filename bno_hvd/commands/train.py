@@ -5,9 +5,8 @@ import click
 
 from ..allocation import STRATEGY_NAMES
 from ..config import TrainConfig
-from ..data import DATASET_NAMES
+from ..catalog import DATASET_NAMES, MODEL_NAMES
 from ..emulation import parse_speeds
-from ..models import MODEL_NAMES
 
 DEFAULTS = TrainConfig()
 

@@ -1,0 +1,40 @@
+"""``bno-hvd cli-reference``: every command and flag as Markdown (README's reference section)."""
+from __future__ import annotations
+
+import click
+
+
+def command_reference(group: click.Group) -> str:
+    ctx = click.Context(group, info_name="bno-hvd")
+    lines = []
+    for name in sorted(group.list_commands(ctx)):
+        cmd = group.get_command(ctx, name)
+        if cmd.hidden:
+            continue
+        lines.append(f"#### `bno-hvd {name}`")
+        lines.append((cmd.help or "").strip().splitlines()[0] if cmd.help else "")
+        lines.append("")
+        for param in cmd.params:
+            if isinstance(param, click.Argument):
+                lines.append(f"- `{param.human_readable_name}` (argument)")
+                continue
+            flags = " / ".join(f"`{o}`" for o in param.opts + param.secondary_opts)
+            extra = []
+            if isinstance(param.type, click.Choice):
+                extra.append("one of " + "|".join(param.type.choices))
+            if param.default is not None and param.show_default and not param.is_flag:
+                extra.append(f"default {param.default}")
+            tail = f" ({'; '.join(extra)})" if extra else ""
+            lines.append(f"- {flags}: {param.help or ''}{tail}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@click.command("cli-reference", hidden=True)
+def cli_reference():
+    """Print the Markdown CLI reference that README.md embeds."""
+    from ..cli import main
+    click.echo(command_reference(main))
+
+
+COMMANDS = [cli_reference]

@@ -1,0 +1,28 @@
+"""README stays true: its CLI reference lists every command and flag that exists, its API
+example is the file the suite runs, and CI calls README's test command."""
+import os
+import re
+import subprocess
+
+from conftest import ROOT, mpi_env
+
+README = open(os.path.join(ROOT, "README.md")).read()
+
+
+def test_cli_reference_is_complete_and_current():
+    ref = subprocess.run(["bno-hvd", "cli-reference"], capture_output=True, text=True, env=mpi_env(), cwd=ROOT)
+    assert ref.returncode == 0, ref.stderr
+    assert ref.stdout.strip() in README, "README's CLI reference is stale: run launch/update-readme"
+    flags = set(re.findall(r"`(--[a-z0-9-]+)`", ref.stdout))
+    assert {"--strategy", "--rebalance-every", "--emulate-speed", "--metrics", "--resume"} <= flags
+
+
+def test_api_example_is_the_tested_file():
+    example = open(os.path.join(ROOT, "examples", "custom_loop.py")).read()
+    assert example in README
+    assert len(example.strip().splitlines()) <= 35
+
+
+def test_ci_calls_readme_test_command():
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert "launch/test" in ci and "launch/test" in README and "launch/run" in README

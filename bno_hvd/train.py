@@ -138,7 +138,10 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
     base_global = size * cfg.base_batch_size
     t_start, samples_done, last_loss = time.perf_counter(), 0, float("nan")
     own_steps: list[tuple[int, float, float]] = []  # (batch, compute s, rebalance s) of this rank
+    warned: set[str] = set()
+    t_prev = t_start
     records: list[dict] = []
+    evals: list[dict] = []  # periodic test accuracy (--eval-every), on the training clock
     try:
         while balancer.update < cfg.updates:
             lr = scaled_lr(cfg.lr, balancer.global_batch, size, cfg.base_batch_size,
@@ -159,17 +162,34 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
             last_loss = global_loss
             samples_done += sum(step.batch_sizes)
             own_steps.append((step.batch_size, stats.compute_seconds, stats.rebalance_seconds))
+            # weight-update time = one full cycle of this update as rank 0 saw it (compute,
+            # allreduce, loss sync, rebalance): robust to where a slow rank spends its wait
+            now = time.perf_counter()
+            cycle, t_prev = now - t_prev, now
             if master:
                 records.append({"update": step.update, "batch_sizes": step.batch_sizes,
-                           "weight_update_time": stats.step_seconds, "compute_time": stats.compute_seconds,
-                           "loss": global_loss, "samples_per_s": sum(step.batch_sizes) / stats.step_seconds,
-                           "lr": lr, "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
-                           "rebalance_time": stats.rebalance_seconds, "time": time.perf_counter() - t_start})
+                                "weight_update_time": cycle, "step_time": stats.step_seconds,
+                                "compute_time": stats.compute_seconds, "loss": global_loss,
+                                "samples_per_s": sum(step.batch_sizes) / cycle, "lr": lr,
+                                "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
+                                "rebalance_time": stats.rebalance_seconds, "time": now - t_start})
                 log.write(records[-1])
                 progress.update(balancer.update, sum(step.batch_sizes), balancer.batch_sizes, global_loss)
                 for w in balancer.warnings:
-                    print(f"bno-hvd: warning: {w}", file=sys.stderr)
+                    if w not in warned:  # warn once per distinct condition
+                        warned.add(w)
+                        print(f"bno-hvd: warning: {w}", file=sys.stderr)
                 balancer.warnings.clear()
+            if cfg.eval_every and test is not None and balancer.update % cfg.eval_every == 0:
+                t_eval = time.perf_counter()
+                correct, total = evaluate(hvd, model, test, rank, size, cfg.eval_batch_size)
+                evals.append({"update": balancer.update, "samples": samples_done,
+                              "time": t_eval - t_start, "accuracy": correct / total})
+                # evaluation is not training: keep it out of `time`, the wall seconds and
+                # the next update's cycle, so time-to-accuracy measures training only
+                spent = time.perf_counter() - t_eval
+                t_start += spent
+                t_prev += spent
             if cfg.checkpoint_every and balancer.update % cfg.checkpoint_every == 0:
                 _checkpoint(cfg, model, optimizer, balancer, master)
         wall = time.perf_counter() - t_start
@@ -186,6 +206,8 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
             if master:
                 print(f"test accuracy: {correct / total:.4f} ({correct}/{total}) after {balancer.update} "
                       f"updates, {samples_done} samples, {wall:.1f} s", file=out, flush=True)
+        if cfg.eval_every:
+            result["evals"] = evals
         if master and cfg.save_model:
             _save_model(model, cfg.save_model)
         if master:

@@ -1,0 +1,39 @@
+"""A short real multi-rank bench run: checks the output's structure (never its speed)."""
+import csv
+import json
+
+from conftest import assert_ok, bno_cmd, horovodrun
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_writes_table_json_csv_png(tmp_path):
+    out = tmp_path / "bench"
+    proc = horovodrun(4, bno_cmd("bench", "--dataset", "synthetic", "--updates", "16", "--warmup", "4",
+                                 "--rebalance-every", "4", "--strategies", "equal,balanced,bno",
+                                 "--emulate-speed", "1,1,1,0.5", "--emulate-rate", "2000",
+                                 "--base-batch-size", "8", "--latency-interval", "1", "--no-progress",
+                                 "--out", str(out)), timeout=400)
+    assert_ok(proc)
+    assert "EMULATED heterogeneity: speeds 1,1,1,0.5" in proc.stdout
+    records = json.loads((out / "bench.json").read_text())
+    assert [r["strategy"] for r in records] == ["equal", "balanced", "bno"]
+    for r in records:
+        for key in ("samples_per_s", "speedup_vs_equal", "fraction_of_ideal", "control_overhead"):
+            assert isinstance(r[key], float) and r[key] == r[key], (key, r)
+        assert r["samples_per_s"] > 0 and 0 < r["fraction_of_ideal"] and 0 <= r["control_overhead"] < 1
+        assert r["emulation"].startswith("EMULATED")
+    assert records[0]["speedup_vs_equal"] == 1.0
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert [r["strategy"] for r in rows] == ["equal", "balanced", "bno"]
+    assert (out / "bench.png").read_bytes()[:8] == PNG_MAGIC
+    for name in ("equal", "balanced", "bno"):
+        lines = (out / "runs" / name / "updates.jsonl").read_text().splitlines()
+        assert len(lines) == 16
+
+
+def test_bench_rejects_unknown_strategy():
+    proc = horovodrun(1, bno_cmd("bench", "--strategies", "equal,fastest", "--dataset", "synthetic"), timeout=120)
+    assert proc.returncode != 0
+    assert "bno-hvd: error: --strategies 'equal,fastest': unknown ['fastest']" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -25,6 +25,7 @@ class BenchSummary:
     ideal_samples_per_s: float
     fraction_of_ideal: float
     control_overhead: float           # share of wall time spent in rebalances
+    control_ms_per_rebalance: float = 0.0
     speedup_vs_equal: float | None = None
     final_batch_sizes: list[int] | None = None
     mean_global_batch: float = 0.0
@@ -43,12 +44,14 @@ def summarize(strategy: str, records: list[dict], rank_steps: list[list], warmup
     samples = sum(r["global_batch"] for r in recs)
     ideal = ideal_throughput(rank_steps, warmup)
     control = control_seconds(rank_steps, warmup)
+    events = rebalance_count(rank_steps, warmup)
     throughput = samples / wall
     return BenchSummary(
         strategy=strategy, updates=len(recs), samples_per_s=throughput,
         mean_weight_update_time=float(np.mean([r["weight_update_time"] for r in recs])),
         ideal_samples_per_s=ideal, fraction_of_ideal=throughput / ideal if ideal > 0 else math.nan,
-        control_overhead=control / wall, final_batch_sizes=list(records[-1]["batch_sizes"]),
+        control_overhead=control / wall, control_ms_per_rebalance=1e3 * control / events if events else 0.0,
+        final_batch_sizes=list(records[-1]["batch_sizes"]),
         mean_global_batch=samples / len(recs))
 
 
@@ -71,6 +74,12 @@ def control_seconds(rank_steps: list[list], warmup: int = 0) -> float:
     """
     per_update = np.array([[s[2] for s in steps[warmup:]] for steps in rank_steps], dtype=float)
     return float(per_update.min(axis=0).sum()) if per_update.size else 0.0
+
+
+def rebalance_count(rank_steps: list[list], warmup: int = 0) -> int:
+    if not rank_steps:
+        return 0
+    return sum(1 for s in rank_steps[0][warmup:] if s[2] > 0)
 
 
 def with_speedups(summaries: list[BenchSummary]) -> list[BenchSummary]:
@@ -107,15 +116,16 @@ def recovery_intervals(efficiency: list[float], changes: list[int], rebalance_ev
 
 
 TABLE_COLUMNS = ("strategy", "samples_per_s", "mean_weight_update_time", "speedup_vs_equal",
-                 "fraction_of_ideal", "control_overhead", "mean_global_batch", "final_batch_sizes")
+                 "fraction_of_ideal", "control_overhead", "control_ms_per_rebalance", "mean_global_batch",
+                 "final_batch_sizes")
 
 
 def format_table(summaries: list[BenchSummary]) -> str:
-    head = f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}{'control':>9}{'global B':>9}  final sizes"
+    head = f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
     lines = [head, "-" * len(head)]
     for s in summaries:
         speed = f"{s.speedup_vs_equal:.2f}x" if s.speedup_vs_equal is not None else "-"
         lines.append(f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
-                     f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.control_overhead:>9.2%}{s.mean_global_batch:>9.1f}"
+                     f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.control_overhead:>9.2%}{s.control_ms_per_rebalance:>9.2f}{s.mean_global_batch:>9.1f}"
                      f"  {','.join(map(str, s.final_batch_sizes or []))}")
     return "\n".join(lines)

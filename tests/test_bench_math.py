@@ -1,0 +1,52 @@
+"""Benchmark arithmetic on hand-made logs with known answers."""
+import pytest
+
+from bno_hvd.bench import (control_seconds, ideal_throughput, recovery_intervals, rolling_efficiency,
+                           summarize, with_speedups)
+
+
+def make_log(cycle, batches, compute, rebalance_every=2, control=0.01):
+    """Every update takes ``cycle`` s; rank r computes batches[r] in compute[r] s."""
+    records, steps = [], [[] for _ in batches]
+    for u in range(6):
+        records.append({"update": u, "global_batch": sum(batches), "weight_update_time": cycle,
+                        "time": (u + 1) * cycle, "batch_sizes": list(batches)})
+        for r in range(len(batches)):
+            reb = control * (r + 1) if (u + 1) % rebalance_every == 0 else 0.0
+            steps[r].append((batches[r], compute[r], reb))
+    return records, steps
+
+
+def test_summary_of_a_known_log():
+    records, steps = make_log(0.5, [30, 10], [0.3, 0.5])
+    s = summarize("x", records, steps, warmup=2)
+    assert s.samples_per_s == pytest.approx(80.0)          # 40 samples per 0.5 s
+    assert s.ideal_samples_per_s == pytest.approx(120.0)   # 30/0.3 + 10/0.5
+    assert s.fraction_of_ideal == pytest.approx(80 / 120)
+    # rebalances at updates 3 and 5 (after warm-up); the cheaper rank's time counts: 0.01 each
+    assert control_seconds(steps, 2) == pytest.approx(0.02)
+    assert s.control_overhead == pytest.approx(0.02 / 2.0)
+    assert s.control_ms_per_rebalance == pytest.approx(10.0)
+    assert s.mean_weight_update_time == 0.5
+
+
+def test_speedups_relative_to_equal():
+    a = summarize("equal", *make_log(1.0, [10, 10], [0.5, 1.0]))
+    b = summarize("balanced", *make_log(0.5, [10, 10], [0.5, 0.5]))
+    with_speedups([a, b])
+    assert a.speedup_vs_equal == 1.0 and b.speedup_vs_equal == pytest.approx(2.0)
+
+
+def test_ideal_ignores_warmup():
+    steps = [[(10, 10.0), (10, 1.0)]]
+    assert ideal_throughput([[s + (0.0,) for s in steps[0]]], warmup=1) == 10.0
+
+
+def test_recovery_counts_rebalance_intervals():
+    eff = [1, 1, 1, 0.5, 0.6, 0.7, 0.95, 1, 0.4, 0.4]
+    assert recovery_intervals(eff, [3, 8], rebalance_every=2) == [2.0, None]
+
+
+def test_rolling_efficiency_of_a_perfect_run_is_one():
+    records, steps = make_log(0.5, [25, 25], [0.5, 0.5])
+    assert rolling_efficiency(records, steps, 3) == pytest.approx([1.0] * 6)

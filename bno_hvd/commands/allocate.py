@@ -9,16 +9,17 @@ import click
 
 from ..allocation import STRATEGY_NAMES, make_strategy
 from ..allocation.metrics_file import load_metrics_file, metrics_to_json
+from ..catalog import MODEL_NAMES
 
 
 @click.command()
 @click.option("--metrics", "metrics_path", required=True, type=click.Path(dir_okay=False),
               help="JSON with ops (per rank), memory_used (bytes) and latency (NxN seconds).")
-@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default="bno", show_default=True)
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default="bno", show_default=True, help="Allocation strategy.")
 @click.option("--base-batch-size", type=int, default=32, show_default=True, help="Baseline batch size B.")
 @click.option("--global-batch", type=int, default=None, help="Global batch for strategies that keep it fixed.")
 @click.option("--batch-sizes", default=None, help="For --strategy fixed.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed (random strategy).")
 def allocate(metrics_path, strategy, base_batch_size, global_batch, batch_sizes, seed):
     """Compute an allocation offline and print JSON {"batch_sizes": [...]}."""
     from ..cli import parse_int_list
@@ -37,14 +38,16 @@ def allocate(metrics_path, strategy, base_batch_size, global_batch, batch_sizes,
 
 @click.command()
 @click.option("--steps", type=int, default=20, show_default=True, help="Forward+backward steps to time per rank.")
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--model", default="cnn", show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size of the timed steps.")
+@click.option("--model", type=click.Choice(MODEL_NAMES), default="cnn", show_default=True, help="Model whose steps are timed.")
 @click.option("--probe-bytes", type=int, default=65536, show_default=True, help="Ping-pong payload.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Ping-pongs per pair and direction.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the metrics JSON that `bno-hvd allocate --metrics` reads.")
-@click.option("--threads", type=int, default=1, show_default=True)
-def probe(steps, batch_size, model, probe_bytes, repeats, out_path, threads):
+@click.option("--max-rounds", type=int, default=None,
+              help="Probe only this many pairing rounds (sampled pairs, constant cost per rank); default all N-1.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
+def probe(steps, batch_size, model, probe_bytes, repeats, out_path, max_rounds, threads):
     """Measure OPS, memory and the latency matrix on every rank (under horovodrun)."""
     import numpy as np
     import torch
@@ -56,8 +59,8 @@ def probe(steps, batch_size, model, probe_bytes, repeats, out_path, threads):
     from ..control.schedule import complete_matrix
     from ..errors import UsageError
     from ..models import build_model
-    if steps < 1 or batch_size < 1 or repeats < 1 or probe_bytes < 8:
-        raise UsageError("--steps, --batch-size and --repeats must be >= 1 and --probe-bytes >= 8")
+    if steps < 1 or batch_size < 1 or repeats < 1 or probe_bytes < 8 or (max_rounds is not None and max_rounds < 1):
+        raise UsageError("--steps, --batch-size, --repeats and --max-rounds must be >= 1 and --probe-bytes >= 8")
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(threads)
@@ -71,7 +74,7 @@ def probe(steps, batch_size, model, probe_bytes, repeats, out_path, threads):
         F.cross_entropy(net(x), y).backward()
     ops = steps * batch_size / (time.perf_counter() - t0)
     t1 = time.perf_counter()
-    row = measure_latency_row(comm, payload_bytes=probe_bytes, repeats=repeats)
+    row = measure_latency_row(comm, payload_bytes=probe_bytes, repeats=repeats, max_rounds=max_rounds)
     probe_seconds = time.perf_counter() - t1
     rows = comm.gather(row.tolist(), root=0)
     ops_all = comm.gather(ops, root=0)

@@ -56,6 +56,11 @@ def bench(strategies, warmup, out_dir, progress, **kw):
     label = emulation_label(base)
     click.echo(label)
     click.echo(format_table(summaries))
+    for name, result in runs.items():
+        worst = max(result.get("emulation_overruns") or [0])
+        if worst > 0.05 * base.updates:
+            click.echo(f"warning: {name}: a rank's real compute exceeded its emulated time in {worst} of "
+                       f"{base.updates} updates; results are not a clean emulation, lower --emulate-rate", err=True)
     recovery = schedule_recovery(base, runs) if base.emulate_schedule else None
     if recovery:
         click.echo("recovery after each speed change (rebalance intervals to reach 90% of the new ideal; - = never):")

@@ -50,6 +50,7 @@ class StepStats:
     step_seconds: float         # start of step -> optimizer step done: the weight-update time
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
+    rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
 
 
 class Balancer:
@@ -77,7 +78,8 @@ class Balancer:
         self.window = StepWindow(window)
         self.update = 0
         self.batch_sizes = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = []   # new warnings; the caller prints and clears them
+        self._warned: set[str] = set()   # so a persisting condition is reported once
         self._step: Step | None = None
         self._t0 = self._t_compute = 0.0
 
@@ -123,6 +125,7 @@ class Balancer:
         if self.update % self.rebalance_every == 0:
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
+            stats.rank_memory = result.memory_used
         return stats
 
     def report(self) -> RankReport:
@@ -135,7 +138,8 @@ class Balancer:
     def rebalance(self):
         """Collective: gather, allocate on rank 0, broadcast, apply from the next update."""
         result = self.plane.rebalance(self.strategy, self.report(), self.batch_sizes, self.update)
-        if result.warning and result.warning not in self.warnings:
+        if result.warning and result.warning not in self._warned:
+            self._warned.add(result.warning)
             self.warnings.append(result.warning)
         self.batch_sizes = result.batch_sizes
         return result

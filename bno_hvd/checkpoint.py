@@ -1,18 +1,35 @@
 """Checkpoints that survive a kill: temporary file, fsync, rename; old ones rotated.
 
 A checkpoint is ``<dir>/ckpt-<update:08d>.pt``; the newest complete one is the one to resume.
+It holds everything the next update depends on, so a resumed run continues exactly where the
+killed one stood: model, optimizer (momentum/Adam moments), the balancer (update index, current
+allocation, sampler epoch and offset, the strategy's state), every rank's RNG states, and the
+config it was made with.
+
+Usage (every rank calls both; only rank 0 touches the files)::
+
+    resumed_from = restore_training_state(cfg, comm, model, optimizer, balancer)  # None: fresh
+    ...
+    save_training_state(cfg, comm, model, optimizer, balancer)
 """
 from __future__ import annotations
 
 import glob
 import os
+import random
 import re
 
+import numpy as np
 import torch
 
-from .errors import UsageError
+from .errors import TrainingError, UsageError
 
 _NAME = re.compile(r"ckpt-(\d{8})\.pt$")
+
+# Flags that shape the training state: a checkpoint only resumes under the same values.
+# (--updates, --lr, --log-dir, the checkpoint flags and the like may change between runs.)
+STATE_FLAGS = ("model", "dataset", "synthetic_size", "strategy", "base_batch_size", "batch_sizes",
+               "global_batch", "optimizer", "dtype", "seed")
 
 
 def checkpoint_path(directory: str, update: int) -> str:
@@ -30,7 +47,11 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
 
 
 def save_checkpoint(directory: str, update: int, state: dict, keep: int = 3) -> str:
-    """Write ``state`` atomically, then delete all but the ``keep`` newest checkpoints."""
+    """Write ``state`` atomically, then delete all but the ``keep`` newest checkpoints (0: keep all).
+
+    A kill at any point leaves either the previous set of checkpoints or the new one complete:
+    the file only gets its final name after its bytes are on disk.
+    """
     os.makedirs(directory, exist_ok=True)
     final = checkpoint_path(directory, update)
     tmp = final + f".tmp.{os.getpid()}"
@@ -42,6 +63,10 @@ def save_checkpoint(directory: str, update: int, state: dict, keep: int = 3) -> 
     _fsync_dir(directory)
     for _, old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         os.remove(old)
+    # a writer killed mid-write leaves its temporary file behind; only rank 0 writes here
+    for stale in glob.glob(os.path.join(directory, "ckpt-*.pt.tmp.*")):
+        if not stale.endswith(f".tmp.{os.getpid()}"):
+            os.remove(stale)
     return final
 
 
@@ -55,6 +80,105 @@ def load_latest(directory: str) -> tuple[int, dict] | None:
         return update, torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing condition
         raise UsageError(f"checkpoint {path} cannot be read ({type(err).__name__}); remove it to resume from the previous one") from None
+
+
+def parameters_finite(model) -> bool:
+    """True when every parameter and buffer of ``model`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point())
+
+
+def save_training_state(cfg, comm, model, optimizer, balancer) -> str | None:
+    """Collective over ``comm``: checkpoint the state before update ``balancer.update``.
+
+    Parameters that became non-finite are never written (the previous checkpoint stays the
+    newest); every rank then raises :class:`TrainingError` (parameters are the same on all ranks).
+    Returns the path on rank 0, None elsewhere.
+    """
+    if not parameters_finite(model):
+        raise TrainingError(f"parameters became non-finite at update {balancer.update}; not checkpointed "
+                            f"(the last good checkpoint in {cfg.checkpoint_dir} is kept); lower --lr")
+    state = balancer.state_dict()  # only rank 0's carries the strategy
+    rngs = comm.gather(_rng_state(), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    return save_checkpoint(cfg.checkpoint_dir, balancer.update, {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "balancer": state,
+        "rng": rngs, "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
+
+
+def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
+    """Collective over ``comm``: load the newest checkpoint; returns its update, or None if none.
+
+    Rank 0 reads and checks the file; model and optimizer are then broadcast by the caller
+    (Horovod), the balancer state and RNG states go out here. Any problem raises the same
+    :class:`UsageError` on every rank, so no rank is left waiting in a collective.
+    """
+    error, info, rngs = None, None, None
+    if comm.Get_rank() == 0:
+        try:
+            found = load_latest(cfg.checkpoint_dir)
+            if found is not None:
+                update, state = found
+                where = checkpoint_path(cfg.checkpoint_dir, update)
+                check_compatible(state.get("config", {}), cfg.to_dict(), where)
+                try:
+                    model.load_state_dict(state["model"])
+                    optimizer.load_state_dict(state["optimizer"])
+                    balancer.load_state_dict(state["balancer"])
+                except UsageError:
+                    raise
+                except (KeyError, ValueError, RuntimeError) as err:
+                    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise UsageError(f"checkpoint {where} does not fit this run ({reason}); resume with "
+                                     "the flags and process count it was made with") from None
+                info = {"update": update, "balancer": state["balancer"]}
+                rngs = state.get("rng")
+        except UsageError as err:
+            error = str(err)
+    error, info = comm.bcast((error, info), root=0)
+    if error:
+        raise UsageError(error)
+    if info is None:
+        return None
+    if comm.Get_rank() != 0:
+        balancer.load_state_dict(info["balancer"])
+    if comm.Get_rank() == 0:
+        size = comm.Get_size()
+        if isinstance(rngs, dict):  # older checkpoints hold rank 0's states only
+            rngs = [rngs] + [None] * (size - 1)
+        if not isinstance(rngs, list) or len(rngs) != size:
+            rngs = [None] * size
+    mine = comm.scatter(rngs if comm.Get_rank() == 0 else None, root=0)
+    if mine is not None:
+        _set_rng_state(mine)
+    return int(info["update"])
+
+
+def check_compatible(saved: dict, current: dict, where: str) -> None:
+    """Raise :class:`UsageError` when a flag in :data:`STATE_FLAGS` differs from the checkpoint's."""
+    for key in STATE_FLAGS:
+        if key in saved and _norm(saved[key]) != _norm(current.get(key)):
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"checkpoint {where} was made with {flag} {_show(saved[key])} but this run has "
+                             f"{flag} {_show(current.get(key))}; resume with the same value or use another --checkpoint-dir")
+
+
+def _norm(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _show(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
 
 
 def _fsync_dir(directory: str) -> None:

@@ -34,6 +34,7 @@ class TrainConfig:
     max_batch: int | None = None                   # per-rank cap (memory limit, in samples)
     eval: bool = True
     eval_batch_size: int = 1000
+    eval_every: int = 0                            # test accuracy every K updates (0: only at the end)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
@@ -41,6 +42,7 @@ class TrainConfig:
     progress: bool = True
     synthetic_size: int = 4096
     dtype: str = "float32"                         # float64 for exactness checks
+    inject_fault: str | None = None                # tests only: see bno_hvd.faults
 
     def __post_init__(self) -> None:
         positive = {"base_batch_size": self.base_batch_size, "updates": self.updates,
@@ -51,7 +53,11 @@ class TrainConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         if not self.lr > 0 or self.lr == float("inf"):
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
-        if self.emulate_rate <= 0 or self.emulate_rate == float("inf"):
+        if not 0 <= self.momentum < float("inf"):
+            raise UsageError(f"--momentum must be a number >= 0 (0.9 is usual), got {self.momentum}")
+        if not self.keep_checkpoints >= 1:
+            raise UsageError(f"--keep-checkpoints must be a positive integer, got {self.keep_checkpoints}")
+        if not 0 < self.emulate_rate < float("inf"):
             raise UsageError(f"--emulate-rate must be a positive number of samples/s, got {self.emulate_rate}")
         if self.optimizer not in ("sgd", "adam"):
             raise UsageError(f"--optimizer {self.optimizer!r}: use sgd or adam")
@@ -71,8 +77,16 @@ class TrainConfig:
             raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
         if self.resume and not self.checkpoint_dir:
             raise UsageError("--resume needs --checkpoint-dir DIR")
-        if self.latency_interval < 0:
+        if self.eval_every < 0:
+            raise UsageError(f"--eval-every must be >= 0 (0: evaluate only at the end), got {self.eval_every}")
+        if self.eval_every and not self.eval:
+            raise UsageError("--eval-every needs the test split; drop --no-eval")
+        if not 0 <= self.latency_interval < float("inf"):
             raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off)")
+        if not self.probe_bytes >= 8:
+            raise UsageError(f"probe_bytes must be >= 8, got {self.probe_bytes}")
+        from .faults import parse_faults
+        parse_faults(self.inject_fault)
 
     def check_world(self, size: int) -> None:
         """Checks that need the number of ranks (same result on every rank)."""
@@ -84,6 +98,22 @@ class TrainConfig:
             raise UsageError(f"--emulate-speed has {len(self.emulate_speed)} entries but the job has {size} ranks; give one per rank")
         if self.global_batch is not None and self.global_batch < size:
             raise UsageError(f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample")
+        if self.max_batch is not None:
+            self._check_max_batch(size)
+
+    def _check_max_batch(self, size: int) -> None:
+        """No allocation may exceed --max-batch: refuse runs whose allocation cannot fit under it."""
+        cap = self.max_batch
+        if self.batch_sizes is not None and max(self.batch_sizes) > cap:
+            raise UsageError(f"--batch-sizes {','.join(map(str, self.batch_sizes))} exceeds --max-batch {cap}; "
+                             "lower the sizes or raise the cap")
+        if self.strategy in ("equal", "bno") and self.base_batch_size > cap:
+            raise UsageError(f"--strategy {self.strategy} starts every rank at --base-batch-size {self.base_batch_size}, "
+                             f"above --max-batch {cap}; lower --base-batch-size")
+        total = self.global_batch or size * self.base_batch_size
+        if self.batch_sizes is None and total > size * cap:
+            raise UsageError(f"the global batch {total} does not fit {size} ranks of --max-batch {cap}; "
+                             "lower --global-batch/--base-batch-size or raise --max-batch")
 
     @property
     def emulated(self) -> bool:

@@ -6,18 +6,28 @@ import os
 import sys
 import time
 
+from .errors import UsageError
+
 
 class UpdateLog:
     """Appends one JSON object per update to ``<log_dir>/updates.jsonl`` (line-buffered, so a
-    killed run leaves whole lines). ``run.json`` holds the config, world size and emulation."""
+    killed run leaves whole lines). ``run.json`` holds the config, world size and emulation.
 
-    def __init__(self, log_dir: str | None, meta: dict, *, append: bool = False):
+    A resumed run passes ``append=True, keep_before=U`` (U = the checkpoint's update): records
+    the killed run wrote after its checkpoint, and a torn last line, are dropped first, so the
+    file again holds each update exactly once.
+    """
+
+    def __init__(self, log_dir: str | None, meta: dict, *, append: bool = False, keep_before: int | None = None):
         self.log_dir = log_dir
         self._fh = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
             write_json_atomic(os.path.join(log_dir, "run.json"), meta)
-            self._fh = open(os.path.join(log_dir, "updates.jsonl"), "a" if append else "w", buffering=1)
+            path = os.path.join(log_dir, "updates.jsonl")
+            if append and keep_before is not None and os.path.exists(path):
+                _truncate_updates(path, keep_before)
+            self._fh = open(path, "a" if append else "w", buffering=1)
 
     def write(self, record: dict) -> None:
         if self._fh is not None:
@@ -37,6 +47,50 @@ def write_json_atomic(path: str, obj) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _truncate_updates(path: str, keep_before: int) -> None:
+    """Rewrite ``path`` (atomically) with only the whole records of updates < ``keep_before``."""
+    kept = []
+    with open(path) as fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("update"), int) and record["update"] < keep_before:
+                kept.append(json.dumps(record, separators=(",", ":")) + "\n")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.writelines(kept)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def check_output_paths(log_dir: str | None = None, checkpoint_dir: str | None = None,
+                       save_model: str | None = None) -> None:
+    """Raise :class:`UsageError` unless each given output location can be created and written.
+
+    Checked before training starts (nothing is created), so a typo costs one line, not a run.
+    """
+    for flag, directory in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_dir),
+                            ("--save-model", os.path.dirname(os.path.abspath(save_model)) if save_model else None)):
+        if directory:
+            _check_writable_dir(directory, flag, save_model if flag == "--save-model" else directory)
+    if save_model and os.path.isdir(save_model):
+        raise UsageError(f"--save-model {save_model} is a directory; give a file name such as {os.path.join(save_model, 'model.pt')}")
+
+
+def _check_writable_dir(directory: str, flag: str, shown: str) -> None:
+    path = os.path.abspath(os.path.expanduser(directory))
+    probe = path
+    while not os.path.exists(probe):  # the nearest existing ancestor decides
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {shown}: {probe} is a file, not a directory; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {shown}: {probe} is not writable; choose a directory you can write to")
 
 
 def read_updates(log_dir: str) -> list[dict]:

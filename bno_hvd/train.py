@@ -19,19 +19,16 @@ import torch.nn.functional as F
 
 from .allocation import make_strategy
 from .balancer import Balancer
-from .checkpoint import load_latest, save_checkpoint
+from .checkpoint import restore_training_state, save_training_state
 from .config import TrainConfig
 from .control.monitor import MetricsMonitor
 from .data import load_dataset
 from .emulation import DeviceEmulator, load_schedule
-from .errors import UsageError
+from .errors import TrainingError, UsageError
+from .faults import FaultInjector
 from .models import build_model
-from .runlog import Progress, UpdateLog, write_json_atomic
+from .runlog import Progress, UpdateLog, check_output_paths, write_json_atomic
 from .weighting import scaled_lr
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. a non-finite loss); the message is one line."""
 
 
 def init_horovod():
@@ -87,6 +84,8 @@ def prepare(cfg: TrainConfig, rank: int, size: int):
         schedule = [(0, list(cfg.emulate_speed))]
     emulator = DeviceEmulator(rank, cfg.emulate_rate, schedule) if schedule else None
 
+    if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint
+        check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model)
     model = build_model(cfg.model).to(getattr(torch, cfg.dtype))
     optimizer = make_optimizer(cfg, model, cfg.lr)
     return train, test, strategy, schedule, emulator, model, optimizer
@@ -122,18 +121,25 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
     balancer = Balancer(control_comm, strategy, len(y_train), seed=cfg.seed,
                         rebalance_every=cfg.rebalance_every, monitor=monitor, emulator=emulator,
                         max_batch=cfg.max_batch)
+    faults = FaultInjector.parse(cfg.inject_fault, rank).attach(balancer)  # no-op unless --inject-fault
 
+    # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
+    # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
     resumed_from = None
     if cfg.resume:
-        resumed_from = _resume(cfg, model, optimizer, balancer, control_comm, master)
+        resumed_from = restore_training_state(cfg, control_comm, model, optimizer, balancer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
+    if resumed_from is not None:
+        # only then: on fresh state Horovod's broadcast takes a zero-gradient step that would
+        # start Adam's step count at 1
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     meta = {"config": cfg.to_dict(), "world_size": size, "hosts": _hostnames(control_comm),
             "emulation": ({"label": "EMULATED heterogeneity", "schedule": schedule, "rate": cfg.emulate_rate}
                           if schedule else None), "resumed_from": resumed_from}
-    log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None)
+    log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None,
+                    keep_before=resumed_from)
     progress = Progress(cfg.updates, enabled=master and cfg.progress)
     base_global = size * cfg.base_batch_size
     t_start, samples_done, last_loss = time.perf_counter(), 0, float("nan")
@@ -148,9 +154,10 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                            cfg.lr_scaling if strategy.changes_global_batch else "none")
             set_lr(optimizer, lr)
             step = balancer.start_step()
+            faults.at_update(step.update)
             idx = torch.from_numpy(step.indices)
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_train[idx].to(dtype)), y_train[idx])
+            loss = faults.poison_loss(F.cross_entropy(model(x_train[idx].to(dtype)), y_train[idx]), step.update)
             (loss * step.weight).backward()
             balancer.end_compute()
             optimizer.step()
@@ -172,7 +179,8 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                                 "compute_time": stats.compute_seconds, "loss": global_loss,
                                 "samples_per_s": sum(step.batch_sizes) / cycle, "lr": lr,
                                 "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
-                                "rebalance_time": stats.rebalance_seconds, "time": now - t_start})
+                                "rebalance_time": stats.rebalance_seconds, "time": now - t_start,
+                                "rank_memory": stats.rank_memory})
                 log.write(records[-1])
                 progress.update(balancer.update, sum(step.batch_sizes), balancer.batch_sizes, global_loss)
                 for w in balancer.warnings:
@@ -191,7 +199,7 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                 t_start += spent
                 t_prev += spent
             if cfg.checkpoint_every and balancer.update % cfg.checkpoint_every == 0:
-                _checkpoint(cfg, model, optimizer, balancer, master)
+                save_training_state(cfg, control_comm, model, optimizer, balancer)
         wall = time.perf_counter() - t_start
         result = {"updates": balancer.update, "wall_seconds": wall, "samples": samples_done,
                   "samples_per_s": samples_done / wall if wall > 0 else 0.0, "final_loss": last_loss,
@@ -227,31 +235,6 @@ def _save_model(model, path: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     torch.save(model.state_dict(), tmp)
     os.replace(tmp, path)
-
-
-def _checkpoint(cfg, model, optimizer, balancer, master: bool) -> None:
-    state = balancer.state_dict()  # every rank calls it; only rank 0's carries the strategy
-    if master:
-        save_checkpoint(cfg.checkpoint_dir, balancer.update, {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "balancer": state,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-            "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
-
-
-def _resume(cfg, model, optimizer, balancer, comm, master: bool):
-    found = load_latest(cfg.checkpoint_dir) if master else None
-    info = comm.bcast(None if found is None else {"update": found[0], "balancer": found[1]["balancer"]}, root=0)
-    if info is None:
-        return None
-    if master:
-        state = found[1]
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
-    balancer.load_state_dict(info["balancer"])
-    return info["update"]
 
 
 def _hostnames(comm) -> list[str]:

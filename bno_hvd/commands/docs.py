@@ -15,6 +15,8 @@ def command_reference(group: click.Group) -> str:
         lines.append((cmd.help or "").strip().splitlines()[0] if cmd.help else "")
         lines.append("")
         for param in cmd.params:
+            if getattr(param, "hidden", False):  # e.g. train's --inject-fault, for tests only
+                continue
             if isinstance(param, click.Argument):
                 lines.append(f"- `{param.human_readable_name}` (argument)")
                 continue

@@ -64,11 +64,15 @@ def config_from_flags(**kw) -> TrainConfig:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on rank 0.")
 @click.option("--dry-run", is_flag=True, help="Only validate the flags (and data) for --world-size ranks, then exit.")
 @click.option("--world-size", type=int, default=None, help="With --dry-run: the number of ranks to validate for.")
+@click.option("--inject-fault", default=None, hidden=True, help="Tests only: KIND:RANK:UPDATE[,...], see bno_hvd/faults.py.")
 def train(dry_run, world_size, **kw):
     """Train under horovodrun/mpirun; rank 0 logs and prints test accuracy."""
     cfg = config_from_flags(**kw)
     if dry_run:
+        from ..errors import UsageError
         from ..train import prepare
+        if world_size is not None and world_size < 1:
+            raise UsageError(f"--world-size must be a positive integer, got {world_size}")
         cfg.check_world(world_size or 1)
         prepare(cfg, 0, world_size or 1)
         click.echo("ok")

@@ -55,6 +55,7 @@ class RebalanceResult:
     batch_sizes: list[int]
     seconds: float                 # gather + compute + broadcast, as seen by this rank
     warning: str | None = None     # set on rank 0 when the strategy kept the old allocation
+    memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
 
 
 class ControlPlane:
@@ -86,7 +87,9 @@ class ControlPlane:
             sizes, warning = allocate_on_root(strategy, reports, current, update)
         sizes = self.broadcast(sizes)
         assert len(sizes) == self.size and all(b >= 1 for b in sizes)
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warning)
+        memory = ([r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
+                  if self.rank == 0 else None)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warning, memory)
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):
@@ -102,4 +105,8 @@ def allocate_on_root(strategy, reports: list[RankReport], current: list[int], up
     sizes = [int(b) for b in sizes]
     if len(sizes) != len(current) or any(b < 1 for b in sizes):
         return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"
+    # A batch above a rank's memory cap would crash that rank (out of memory): never hand one out.
+    over = [r.rank for r, b in zip(reports, sizes) if r.max_batch is not None and b > r.max_batch]
+    if over:
+        return list(current), f"allocation {sizes} exceeds the memory cap of rank(s) {over}; kept the last one"
     return sizes, warning

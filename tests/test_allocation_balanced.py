@@ -109,17 +109,25 @@ def test_global_batch_option():
     assert s.rebalance(metrics([100, 100, 100, 100 / 3]), [10] * 4, 1) == [12, 12, 12, 4]
 
 
-def test_deadband_keeps_current_for_small_changes():
-    current = [31, 30, 29, 10]  # proposal [30, 30, 30, 10]: each move <= max(3%, 1 sample)
-    s = strategy(deadband=0.03)
-    assert s.rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == current
+def test_deadband_keeps_current_for_small_predicted_gain():
+    # c = [.01, .01, .01, .03]: current [31, 30, 29, 10] takes max(.31, .30, .29, .30) = .31 s;
+    # the proposal [30, 30, 30, 10] takes .30 s: a 3.2% gain, inside a 5% deadband.
+    current = [31, 30, 29, 10]
+    assert strategy(deadband=0.05).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == current
+    assert strategy(deadband=0.03).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == [30, 30, 30, 10]
     assert strategy().rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == [30, 30, 30, 10]
 
 
-def test_deadband_moves_for_big_changes():
-    s = strategy(deadband=0.03)
-    # b ∝ [1, 1, 1, 0.5] -> 28.57 x3, 14.29 -> [29, 29, 28, 14]: rank 3 moves by 4.
-    assert s.rebalance(metrics([100, 100, 100, 50]), [30, 30, 30, 10], 1) == [29, 29, 28, 14]
+def test_deadband_moves_for_big_predicted_gain():
+    s = strategy(deadband=0.05)
+    # rank 3 at half speed: equal split takes 25 * .02 = .5 s, [29, 29, 28, 14] takes .29 s.
+    assert s.rebalance(metrics([100, 100, 100, 50]), [25, 25, 25, 25], 1) == [29, 29, 28, 14]
+
+
+def test_deadband_ignores_noise_on_equal_ranks():
+    # 2% measurement noise on equal ranks: the best split gains < 2%, so nothing moves.
+    s = strategy(deadband=0.05)
+    assert s.rebalance(metrics([100, 102, 98, 101]), [25] * 4, 1) == [25] * 4
 
 
 def test_deadband_never_keeps_an_invalid_current():

@@ -22,8 +22,11 @@ A uniform network therefore changes nothing.
 
 Stability. The fitted ``(a_i, c_i)`` are smoothed across rebalances by an exponential moving
 average (option ``smoothing`` = weight of the previous fit, default 0.5; 0 = no smoothing), and a
-deadband (option ``deadband``, default 0.03) keeps ``current`` unless some rank's batch would
-move by more than ``max(deadband * current_i, 1)`` samples (``deadband=0`` disables it).
+deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted
+to shorten the step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction
+(``deadband=0`` disables it). A criterion on predicted time rather than on batch sizes ignores
+moves that only chase measurement noise (on equal ranks, every move predicts ~0 gain), yet
+reacts at once when a rank really slows down.
 """
 from __future__ import annotations
 
@@ -113,7 +116,7 @@ class BalancedStrategy(Strategy):
     """Fixed global batch, split so all ranks finish compute at the same time (see module doc)."""
 
     name = "balanced"
-    OPTIONS = {"smoothing": 0.5, "deadband": 0.03, "latency_weight": 1.0, "window": 8}
+    OPTIONS = {"smoothing": 0.5, "deadband": 0.05, "latency_weight": 1.0, "window": 8}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -151,7 +154,7 @@ class BalancedStrategy(Strategy):
         caps = metrics.max_batch
         target = solve_equal_finish(a, c, self.global_batch, caps)
         sizes = round_to_total(target, self.global_batch, 1, caps)
-        return list(current) if self._within_deadband(sizes, current, caps) else sizes
+        return list(current) if self._within_deadband(sizes, current, caps, a, c) else sizes
 
     def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray]:
         window = self.options["window"]
@@ -167,7 +170,8 @@ class BalancedStrategy(Strategy):
         c[use_ops] = 1.0 / ops[use_ops]
         return a, c
 
-    def _within_deadband(self, sizes: list[int], current: list[int], caps) -> bool:
+    def _within_deadband(self, sizes: list[int], current: list[int], caps, a, c) -> bool:
+        """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step."""
         deadband = float(self.options["deadband"])
         cur = np.asarray(current, dtype=float)
         if deadband == 0:
@@ -175,8 +179,9 @@ class BalancedStrategy(Strategy):
         if cur.sum() != self.global_batch or any(
                 cap is not None and b > cap for b, cap in zip(current, caps)):
             return False  # current is not a valid split of this global batch: never keep it
-        limit = np.maximum(deadband * cur, 1.0)
-        return bool((np.abs(np.asarray(sizes) - cur) <= limit).all())
+        step_now = float(np.max(a + c * cur))
+        step_new = float(np.max(a + c * np.asarray(sizes, dtype=float)))
+        return step_now - step_new <= deadband * step_now
 
     def state_dict(self) -> dict:
         def enc(x):

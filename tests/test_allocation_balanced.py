@@ -27,6 +27,13 @@ def test_fit_affine_recovers_exact_line():
     assert a == pytest.approx(0.1) and c == pytest.approx(0.01)
 
 
+def test_fit_affine_ignores_a_hiccup_but_follows_a_real_slowdown():
+    steady = [(32, 0.32)] * 7
+    assert fit_affine(steady + [(32, 2.6)]) == (0.0, pytest.approx(0.01))       # one 8x hiccup
+    slowed = [(32, 0.32)] * 3 + [(32, 0.96)] * 5                                 # 3x, for good
+    assert fit_affine(slowed) == (0.0, pytest.approx(0.03))
+
+
 def test_fit_affine_single_batch_size_goes_through_origin():
     assert fit_affine([(32, 0.64), (32, 0.66)]) == (0.0, pytest.approx(0.65 / 32))
 

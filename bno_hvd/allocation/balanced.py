@@ -43,12 +43,19 @@ from .strategy import Strategy
 def fit_affine(samples, window: int = 8) -> tuple[float, float] | None:
     """Least-squares ``(a, c)`` for ``t = a + c * b`` over the last ``window`` (b, t) pairs.
 
-    Pairs with a non-finite or non-positive value are ignored; returns None if none remain.
+    Pairs with a non-finite or non-positive value, and outliers (time per sample more than 2x
+    from the window's median), are ignored; returns None if none remain.
     """
     pts = [(float(b), float(t)) for b, t in list(samples)[-window:]
            if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0]
     if not pts:
         return None
+    # A machine-wide hiccup (page faults, a noisy neighbour) can make one step several times
+    # slower on every rank; it says nothing about a rank's speed. Drop steps whose time per
+    # sample is more than 2x away from the window's median. A real slowdown becomes the median
+    # once it fills half the window, and then the old steps are the ones dropped.
+    med = float(np.median([t / b for b, t in pts]))
+    pts = [(b, t) for b, t in pts if med / 2 <= t / b <= 2 * med]
     n = len(pts)
     mean_b = sum(b for b, _ in pts) / n
     mean_t = sum(t for _, t in pts) / n

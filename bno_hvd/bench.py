@@ -105,12 +105,15 @@ def rolling_efficiency(records: list[dict], rank_steps: list[list], window: int)
 
 def recovery_intervals(efficiency: list[float], changes: list[int], rebalance_every: int,
                        threshold: float = 0.9) -> list[float | None]:
-    """For each change at update ``c``: rebalance intervals until the rolling efficiency is
-    back at ``threshold`` (None if never before the next change or the end)."""
+    """For each change at update ``c``: rebalance intervals until the rolling efficiency (over a
+    window of ``rebalance_every`` updates, see :func:`rolling_efficiency`) is back at
+    ``threshold``, counting only windows that lie wholly after the change (None: never before
+    the next change or the end). 1.0 means the first full interval after the change was there."""
     out = []
     bounds = list(changes) + [len(efficiency)]
     for c, nxt in zip(changes, bounds[1:]):
-        hit = next((u for u in range(c, nxt) if efficiency[u] >= threshold), None)
+        first = c + rebalance_every - 1
+        hit = next((u for u in range(first, nxt) if efficiency[u] >= threshold), None)
         out.append(None if hit is None else (hit - c + 1) / rebalance_every)
     return out
 

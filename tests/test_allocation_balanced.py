@@ -142,19 +142,27 @@ def test_deadband_never_keeps_an_invalid_current():
     assert s.rebalance(metrics([100] * 4), [25, 25, 25, 24], 1) == [25, 25, 25, 25]
 
 
+def test_a_real_change_is_taken_at_once_not_smoothed():
+    s = strategy(smoothing=0.5)
+    s.rebalance(metrics([100] * 4), [25] * 4, 1)
+    # rank 3 becomes 3x slower (beyond the 1.5x jump threshold): its new cost is used directly
+    assert s.rebalance(metrics([100, 100, 100, 100 / 3]), [25] * 4, 2) == [30, 30, 30, 10]
+    assert s.c[3] == pytest.approx(0.03)
+
+
 def test_smoothing_converges_geometrically():
     s = strategy(smoothing=0.5)
     s.rebalance(metrics([100] * 4), [25] * 4, 1)
     assert s.c.tolist() == pytest.approx([0.01] * 4)
-    slow = metrics([100, 100, 100, 100 / 3])  # rank 3 now needs c = 0.03
-    assert s.rebalance(slow, [25] * 4, 2) == [29, 29, 28, 14]  # c3 = 0.02
-    assert s.c[3] == pytest.approx(0.02)
-    s.rebalance(slow, [29, 29, 28, 14], 3)
-    assert s.c[3] == pytest.approx(0.025)
+    slow = metrics([100, 100, 100, 100 / 1.4])  # rank 3 now needs c = 0.014 (< the 1.5x jump)
+    s.rebalance(slow, [25] * 4, 2)
+    assert s.c[3] == pytest.approx(0.012)
+    s.rebalance(slow, [25] * 4, 3)
+    assert s.c[3] == pytest.approx(0.013)
     for update in range(4, 24):
         got = s.rebalance(slow, [25] * 4, update)
-    assert s.c[3] == pytest.approx(0.03 - 0.02 * 0.5 ** 22)
-    assert got == [30, 30, 30, 10]
+    assert s.c[3] == pytest.approx(0.014 - 0.004 * 0.5 ** 22)
+    assert got == [27, 27, 27, 19]  # b proportional to 1 / [.01, .01, .01, .014]: 26.9 x3, 19.2
 
 
 def test_latency_moves_work_off_a_rank_on_a_slow_link():

@@ -45,6 +45,8 @@ def test_ideal_ignores_warmup():
 def test_recovery_counts_rebalance_intervals():
     eff = [1, 1, 1, 0.5, 0.6, 0.7, 0.95, 1, 0.4, 0.4]
     assert recovery_intervals(eff, [3, 8], rebalance_every=2) == [2.0, None]
+    # a window that still holds pre-change updates does not count as recovered
+    assert recovery_intervals([1, 1, 0.95, 0.5, 0.95], [2], rebalance_every=2) == [1.5]
 
 
 def test_rolling_efficiency_of_a_perfect_run_is_one():

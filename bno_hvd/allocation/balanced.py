@@ -21,7 +21,8 @@ cluster minimum of that mean, scaled by option ``latency_weight`` (default 1; 0 
 A uniform network therefore changes nothing.
 
 Stability. The fitted ``(a_i, c_i)`` are smoothed across rebalances by an exponential moving
-average (option ``smoothing`` = weight of the previous fit, default 0.5; 0 = no smoothing), and a
+average (option ``smoothing`` = weight of the previous fit, default 0.5; 0 = no smoothing) - except
+when a rank's cost per sample changes by more than 1.5x, which is taken at once - and a
 deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted
 to shorten the step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction
 (``deadband=0`` disables it). A criterion on predicted time rather than on batch sizes ignores
@@ -124,6 +125,7 @@ class BalancedStrategy(Strategy):
 
     name = "balanced"
     OPTIONS = {"smoothing": 0.5, "deadband": 0.05, "latency_weight": 1.0, "window": 8}
+    JUMP = 1.5
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -142,7 +144,12 @@ class BalancedStrategy(Strategy):
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
         s = float(self.options["smoothing"])
-        both, first = new & had, new & ~had
+        # A rank whose fitted cost per sample moved by more than JUMP (x1.5 either way) has
+        # really changed (a neighbour arrived or left): take the new fit at once instead of
+        # smoothing towards it, so the split recovers in one rebalance interval.
+        ratio = np.where(new & had, c_fit / np.where(had, self.c, 1.0), 1.0)
+        jumped = new & had & ((ratio > self.JUMP) | (ratio < 1 / self.JUMP))
+        both, first = new & had & ~jumped, (new & ~had) | jumped
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
         self.c[both] = s * self.c[both] + (1 - s) * c_fit[both]
         self.a[first], self.c[first] = a_fit[first], c_fit[first]

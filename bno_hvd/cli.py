@@ -72,7 +72,7 @@ def register(module_name: str) -> None:
         main.add_command(command)
 
 
-for _name in ("train", "allocate", "hostfile", "bench", "docs"):
+for _name in ("train", "allocate", "hostfile", "bench", "docs", "experiment"):
     register(_name)
 
 

@@ -36,3 +36,70 @@ def plot_update_times(series: dict[str, list[dict]], path: str, *, title: str, m
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
+
+
+def plot_block_averages(series: dict[str, list], path: str, *, title: str, every: int) -> None:
+    """Paper Figures 3-6: mean weight-update time per block of ``every`` updates, one line per
+    strategy. ``series`` maps strategy -> list of :class:`bno_hvd.experiment.BlockAverage`."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for name, blocks in series.items():
+        ax.plot([b.block for b in blocks], [b.mean_weight_update_time for b in blocks],
+                marker="o", markersize=3.5, linewidth=1.4, label=name)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(f"weight updates (x{every})")
+    ax.set_ylabel(f"average weight-update time (s, per {every} updates)")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_summary_bars(means: dict[str, dict[str, float]], path: str, *, title: str) -> None:
+    """Paper Figure 7: overall mean weight-update time per model (groups) and strategy (bars).
+    ``means`` maps model -> {strategy: seconds}."""
+    plt = _pyplot()
+    models = list(means)
+    strategies = list(dict.fromkeys(s for m in models for s in means[m]))
+    width = 0.8 / max(1, len(strategies))
+    fig, ax = plt.subplots(figsize=(max(6, 1.9 * len(models) + 2), 4.6))
+    for k, strategy in enumerate(strategies):
+        xs = [i + (k - (len(strategies) - 1) / 2) * width for i in range(len(models))]
+        ys = [means[m].get(strategy) for m in models]
+        ys = [float("nan") if y is None else y for y in ys]
+        bars = ax.bar(xs, ys, width, label=strategy)
+        ax.bar_label(bars, labels=[f"{y:.3g}" if y == y else "" for y in ys], fontsize=7, padding=1)
+        for x, y in zip(xs, ys):
+            if y != y:  # no run (failed, or not part of the experiment)
+                ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel("average weight-update time (s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, target: float | None = None) -> None:
+    """Test accuracy over training seconds, one line per strategy (``series``: strategy -> evals)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for name, evals in series.items():
+        ax.plot([e["time"] for e in evals], [100 * e["accuracy"] for e in evals],
+                marker="o", markersize=3, linewidth=1.4, label=name)
+    if target is not None:
+        ax.axhline(100 * target, color="grey", linestyle="--", linewidth=0.8, label=f"target {100 * target:g}%")
+    ax.set_xlabel("training wall time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)

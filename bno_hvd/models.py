@@ -12,7 +12,9 @@
   model     input side  why
   ========  ==========  ==============================================================
   alexnet   63          stride-4 stem and three 3x3/2 max-pools; 62 collapses to 0x0
-  resnet50  28 (as is)  padded strided convs never reach 0x0; adaptive avg-pool
+  resnet50  33          at 28-32 layer4's maps are 1x1, so batch-norm fails on a 1-sample
+                        batch (one value per channel) - and uneven allocations do give a rank
+                        one sample; at 33 they are 2x2
   vgg16     32          five 2x2/2 max-pools; 28 collapses to 0x0 after the fifth
   ========  ==========  ==============================================================
 
@@ -34,7 +36,7 @@ from bno_hvd.errors import UsageError
 from bno_hvd.catalog import MODEL_NAMES  # noqa: E402  (one definition, torch-free)
 
 # Input side each torchvision model gets; None = feed 28x28 unchanged.
-TORCHVISION_INPUT_SIDE = {"alexnet": 63, "resnet50": None, "vgg16": 32}
+TORCHVISION_INPUT_SIDE = {"alexnet": 63, "resnet50": 33, "vgg16": 32}
 
 
 class BaselineCNN(nn.Module):

@@ -61,10 +61,14 @@ def test_adapter_side_is_the_smallest_the_architecture_accepts(name):
             net(torch.zeros(1, 3, side - 1, side - 1))
 
 
-def test_resnet50_takes_28x28_unchanged():
+def test_resnet50_trains_on_a_one_sample_batch():
+    # an uneven allocation can give a rank one sample; batch-norm needs > 1 value per channel
     model = build_model("resnet50")
-    assert isinstance(model, GrayscaleAdapter) and model.side is None
+    assert isinstance(model, GrayscaleAdapter) and model.side == 33
     assert isinstance(model.net, torchvision.models.ResNet)
+    out = model.train()(torch.zeros(1, 1, 28, 28))
+    out.sum().backward()
+    assert out.shape == (1, 10)
 
 
 def test_adapter_feeds_the_gray_channel_to_all_three_inputs():

@@ -3,6 +3,7 @@ compare them: samples/s, weight-update time, speedup over equal, fraction of ide
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 
@@ -47,6 +48,7 @@ def bench(strategies, warmup, out_dir, progress, **kw):
         if master:
             click.echo(f"== {name}", err=True)
         result = run_training(cfg, hvd, control_comm, monitor_comm)
+        gc.collect()  # free the finished run's model and optimizer before the next one
         if master:
             runs[name] = result
             summaries.append(summarize(name, result["records"], result["rank_steps"], warmup))

@@ -134,3 +134,19 @@ def test_4096_rank_file_runs_bno_and_balanced(tmp_path):
     # Faster ranks get more: balanced is monotone in ops up to rounding and latency offsets.
     ops = np.asarray(m.ops)
     assert balanced[int(ops.argmax())] > balanced[int(ops.argmin())]
+
+
+def test_sparse_latency_pairs_are_completed_symmetrically(tmp_path):
+    # 4 ranks, a sampled probe: 0<->1 both ways (1 ms, 3 ms), 2->3 one way (4 ms), rest unmeasured
+    path = tmp_path / "sparse.json"
+    path.write_text(json.dumps({"ops": [1, 1, 1, 1], "memory_used": [1, 1, 1, 1],
+                                "latency": {"pairs": [[0, 1, 0.001], [1, 0, 0.003], [2, 3, 0.004]]}}))
+    lat = load_metrics_file(str(path)).latency_array()
+    assert lat[0, 1] == lat[1, 0] == pytest.approx(0.002)
+    assert lat[2, 3] == lat[3, 2] == pytest.approx(0.004)
+    assert lat[0, 2] == lat[3, 1] == pytest.approx(0.003)  # median of the measured pairs
+    assert (lat.diagonal() == 0).all()
+    for bad in ({"pairs": []}, {"pairs": [[0, 0, 0.1]]}, {"pairs": [[0, 9, 0.1]]}, {"pairs": [[0, 1, -1]]}):
+        path.write_text(json.dumps({"ops": [1] * 4, "memory_used": [1] * 4, "latency": bad}))
+        with pytest.raises(UsageError):
+            load_metrics_file(str(path))

@@ -123,8 +123,6 @@ def _int(name: str, x) -> int:
 def _sparse_matrix(value: dict, n: int) -> np.ndarray:
     """``{"pairs": [[i, j, s], ...]}``: a sampled probe (see control/schedule.py). Pairs not
     measured get the median of those measured; i->j and j->i are averaged."""
-    from ..control.schedule import complete_matrix
-
     if set(value) != {"pairs"} or not isinstance(value["pairs"], list) or not value["pairs"]:
         raise UsageError("sparse 'latency' must be {\"pairs\": [[i, j, seconds], ...]} with at least one pair")
     arr = np.array(value["pairs"], dtype=object)
@@ -141,10 +139,17 @@ def _sparse_matrix(value: dict, n: int) -> np.ndarray:
         raise UsageError("latency pairs must not pair a rank with itself (NL_ii is 0)")
     if not np.isfinite(sec).all() or (sec < 0).any():
         raise UsageError("latency pairs must have finite, non-negative seconds")
-    rows = np.full((n, n), np.nan)
-    rows[idx[:, 0], idx[:, 1]] = sec
-    np.fill_diagonal(rows, 0.0)
-    return complete_matrix(rows)
+    # Symmetric completion on the pairs alone (the dense NxN matrix is written only once):
+    # both directions measured -> their mean; one -> that value; none -> the median pair.
+    lo, hi = idx.min(axis=1), idx.max(axis=1)
+    keys, inverse = np.unique(lo * n + hi, return_inverse=True)
+    value = np.bincount(inverse, weights=sec) / np.bincount(inverse)
+    out = np.full((n, n), float(np.median(value)))
+    i, j = keys // n, keys % n
+    out[i, j] = value
+    out[j, i] = value
+    np.fill_diagonal(out, 0.0)
+    return out
 
 
 def _matrix(value, n: int) -> np.ndarray:

@@ -25,7 +25,7 @@ import click
 from ..errors import UsageError
 from ..experiment import (AVERAGE_COLUMNS, SUMMARY_COLUMNS, average_rows, block_averages, csv_cell,
                           emulation_label, merge_experiment, summary_row, with_final_eval)
-from ..models import MODEL_NAMES
+from ..catalog import MODEL_NAMES
 from .bench import emulation_label as config_emulation_label
 from .bench import parse_strategies
 from .train import config_from_flags, train_options

@@ -28,8 +28,15 @@ def refused(err: Exception) -> bool:
                                    "qdisc kind is unknown"))
 
 
+FLAKY = ("opt-in (BNO_NETNS_TESTS=1): mpirun's daemon launch into the namespaces hangs "
+         "intermittently on this machine (seen 2 of 3 runs on 2026-11-21: no orted in the second "
+         "namespace, or a train run past 180 s); not yet diagnosed, see issue 6")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    if os.environ.get("BNO_NETNS_TESTS") != "1":
+        pytest.skip(FLAKY)
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)

@@ -63,7 +63,10 @@ if size > 1 and np.isnan(mon.latest_row()).any():
 if mon.memory_used <= 0:
     failures.append("monitor memory not measured")
 
-print(json.dumps({"rank": rank, "size": size, "sizes": result.batch_sizes, "failures": failures,
-                  "control_seconds": result.seconds, "latency_ms": (lat[rank] * 1e3).tolist()}), flush=True)
+record = {"rank": rank, "size": size, "sizes": result.batch_sizes, "failures": failures,
+          "control_seconds": result.seconds, "latency_ms": (lat[rank] * 1e3).tolist()}
+# one file per rank: mpirun may interleave the ranks' stdout lines
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as fh:
+    json.dump(record, fh)
 comm.Barrier()
 sys.exit(1 if failures else 0)

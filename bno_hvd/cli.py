@@ -41,6 +41,15 @@ def parse_int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
     return values
 
 
+def parse_name_list(text: str, flag: str, allowed) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``, every name one of ``allowed`` (else a one-line UsageError)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in allowed]
+    if not names or bad:
+        raise UsageError(f"{flag} {text!r}: unknown {bad or 'empty list'}; choose from {','.join(allowed)}")
+    return names
+
+
 class Group(click.Group):
     """Turns UsageError (and click's own usage errors) into one line, exit 2."""
 

@@ -17,6 +17,19 @@ def _save(fig, path: str) -> None:
     os.replace(tmp, path)
 
 
+def _finish(fig, ax, path: str, *, xlabel: str | None, ylabel: str, title: str, grid: str = "both") -> None:
+    """Labels, grid, legend, layout, atomic save, close: the tail every figure shares."""
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis=grid, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    _pyplot().close(fig)
+
+
 def plot_update_times(series: dict[str, list[dict]], path: str, *, title: str, markers=(), smooth: int = 10) -> None:
     """Weight-update time per update, one line per strategy (moving average over ``smooth``)."""
     plt = _pyplot()
@@ -28,14 +41,7 @@ def plot_update_times(series: dict[str, list[dict]], path: str, *, title: str, m
         ax.plot([r["update"] for r in records], avg, label=name, linewidth=1.4)
     for m in markers:
         ax.axvline(m, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_xlabel("update")
-    ax.set_ylabel(f"weight-update time (ms, moving avg of {smooth})")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, xlabel="update", ylabel=f"weight-update time (ms, moving avg of {smooth})", title=title)
 
 
 def plot_block_averages(series: dict[str, list], path: str, *, title: str, every: int) -> None:
@@ -48,15 +54,9 @@ def plot_block_averages(series: dict[str, list], path: str, *, title: str, every
                 marker="o", markersize=3.5, linewidth=1.4, label=name)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"weight updates (x{every})")
-    ax.set_ylabel(f"average weight-update time (s, per {every} updates)")
-    ax.set_title(title, fontsize=9)
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, xlabel=f"weight updates (x{every})",
+            ylabel=f"average weight-update time (s, per {every} updates)", title=title)
 
 
 def plot_summary_bars(means: dict[str, dict[str, float]], path: str, *, title: str) -> None:
@@ -77,13 +77,7 @@ def plot_summary_bars(means: dict[str, dict[str, float]], path: str, *, title: s
             if y != y:  # no run (failed, or not part of the experiment)
                 ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.set_xticks(range(len(models)), models)
-    ax.set_ylabel("average weight-update time (s)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, xlabel=None, ylabel="average weight-update time (s)", title=title, grid="y")
 
 
 def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, target: float | None = None) -> None:
@@ -95,11 +89,5 @@ def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, targe
                 marker="o", markersize=3, linewidth=1.4, label=name)
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle="--", linewidth=0.8, label=f"target {100 * target:g}%")
-    ax.set_xlabel("training wall time (s, evaluation excluded)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, xlabel="training wall time (s, evaluation excluded)", ylabel="test accuracy (%)",
+            title=title)

@@ -144,7 +144,6 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
     base_global = size * cfg.base_batch_size
     t_start, samples_done, last_loss = time.perf_counter(), 0, float("nan")
     own_steps: list[tuple[int, float, float]] = []  # (batch, compute s, rebalance s) of this rank
-    warned: set[str] = set()
     t_prev = t_start
     records: list[dict] = []
     evals: list[dict] = []  # periodic test accuracy (--eval-every), on the training clock
@@ -167,7 +166,8 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                 raise TrainingError(f"loss became {global_loss} at update {step.update}; lower --lr "
                                     "(the last good checkpoint, if any, is kept)")
             last_loss = global_loss
-            samples_done += sum(step.batch_sizes)
+            global_batch = sum(step.batch_sizes)
+            samples_done += global_batch
             own_steps.append((step.batch_size, stats.compute_seconds, stats.rebalance_seconds))
             # weight-update time = one full cycle of this update as rank 0 saw it (compute,
             # allreduce, loss sync, rebalance): robust to where a slow rank spends its wait
@@ -177,16 +177,14 @@ def run_training(cfg: TrainConfig, hvd, control_comm, monitor_comm, *, out=sys.s
                 records.append({"update": step.update, "batch_sizes": step.batch_sizes,
                                 "weight_update_time": cycle, "step_time": stats.step_seconds,
                                 "compute_time": stats.compute_seconds, "loss": global_loss,
-                                "samples_per_s": sum(step.batch_sizes) / cycle, "lr": lr,
-                                "global_batch": sum(step.batch_sizes), "base_global_batch": base_global,
+                                "samples_per_s": global_batch / cycle, "lr": lr,
+                                "global_batch": global_batch, "base_global_batch": base_global,
                                 "rebalance_time": stats.rebalance_seconds, "time": now - t_start,
                                 "rank_memory": stats.rank_memory})
                 log.write(records[-1])
-                progress.update(balancer.update, sum(step.batch_sizes), balancer.batch_sizes, global_loss)
-                for w in balancer.warnings:
-                    if w not in warned:  # warn once per distinct condition
-                        warned.add(w)
-                        print(f"bno-hvd: warning: {w}", file=sys.stderr)
+                progress.update(balancer.update, global_batch, balancer.batch_sizes, global_loss)
+                for w in balancer.warnings:  # the balancer reports each condition once
+                    print(f"bno-hvd: warning: {w}", file=sys.stderr)
                 balancer.warnings.clear()
             if cfg.eval_every and test is not None and balancer.update % cfg.eval_every == 0:
                 t_eval = time.perf_counter()

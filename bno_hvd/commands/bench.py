@@ -18,11 +18,8 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 
 
 def parse_strategies(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGY_NAMES]
-    if not names or bad:
-        raise UsageError(f"--strategies {text!r}: unknown {bad or 'empty list'}; choose from {','.join(STRATEGY_NAMES)}")
-    return names
+    from ..cli import parse_name_list
+    return parse_name_list(text, "--strategies", STRATEGY_NAMES)
 
 
 @click.command()

@@ -35,11 +35,8 @@ DEFAULT_STRATEGIES = "bno,equal,random,balanced"   # the paper's three, then our
 
 
 def parse_models(text: str) -> list[str]:
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in names if m not in MODEL_NAMES]
-    if not names or bad:
-        raise UsageError(f"--models {text!r}: unknown {bad or 'empty list'}; choose from {','.join(MODEL_NAMES)}")
-    return names
+    from ..cli import parse_name_list
+    return parse_name_list(text, "--models", MODEL_NAMES)
 
 
 def check_experiment(updates: int, average_every: int, eval_on: bool, target: float | None, out_dir: str) -> None:

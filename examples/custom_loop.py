@@ -27,4 +27,4 @@ for _ in range(100):
     bal.end_step()                                                 # measure; rebalance every 10
 monitor.stop()
 if hvd.rank() == 0:
-    print("final batch sizes", bal.batch_sizes, "loss", round(loss.item(), 4))
+    print(f"final batch sizes {bal.batch_sizes} loss {loss.item():.4f}", flush=True)  # one write

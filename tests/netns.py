@@ -64,6 +64,11 @@ class NetnsCluster:
         self.cidr = f"{subnet}.0/24"
 
     def create(self) -> "NetnsCluster":
+        taken = [line.split()[1] for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
+                 if f" {self.subnet}." in line]
+        if taken:  # a second bridge on the subnet would make the routes to the hosts ambiguous
+            raise NetnsError(f"subnet {self.cidr} is already in use on {', '.join(taken)} "
+                             f"(a cluster left behind? `ip link del <bridge>`, `ip netns del <ns>`)")
         run("ip", "link", "add", self.bridge, "type", "bridge")
         run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         run("ip", "link", "set", self.bridge, "up")

@@ -28,15 +28,8 @@ def refused(err: Exception) -> bool:
                                    "qdisc kind is unknown"))
 
 
-FLAKY = ("opt-in (BNO_NETNS_TESTS=1): mpirun's daemon launch into the namespaces hangs "
-         "intermittently on this machine (seen 2 of 3 runs on 2026-11-21: no orted in the second "
-         "namespace, or a train run past 180 s); not yet diagnosed, see issue 6")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if os.environ.get("BNO_NETNS_TESTS") != "1":
-        pytest.skip(FLAKY)
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -49,6 +42,7 @@ def cluster(tmp_path_factory):
             pytest.skip(f"this machine refused the namespace network: {err}")
         raise
     net.hostfile_path = net.hostfile(str(tmp_path_factory.mktemp("hosts") / "hostfile"), slots=2)
+    net.tmpdir = str(tmp_path_factory.mktemp("host-tmp"))  # each host's own tmpdir (launch/netns-agent)
     yield net
     left = net.destroy()
     assert not left, f"left behind: {left}"
@@ -58,10 +52,14 @@ def mpirun_on(net, args, timeout=180):
     """``args`` on 4 ranks, 2 per namespace host, via the netns agent (like ssh on a cluster)."""
     cmd = ["mpirun", "-np", "4", "--hostfile", net.hostfile_path, "--map-by", "slot", "--bind-to", "none",
            "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
-           # tcp only: shared memory (vader) crashes when two "hosts" share one hostname and /dev/shm
+           # tcp only: vader names its /dev/shm segments by hostname and local rank, which the two
+           # "hosts" share (one hostname, one /dev/shm); between real hosts it is tcp anyway
            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", net.cidr,
-           "--mca", "oob_tcp_if_include", net.cidr, "-x", "PATH", "-x", "PYTHONPATH"] + list(args)
-    env = mpi_env({"BNO_NETNS_MAP": net.netns_map()})
+           "--mca", "oob_tcp_if_include", net.cidr,
+           # no --daemonize: a daemon that dies ends mpirun with an error instead of a wait forever
+           "--mca", "orte_leave_session_attached", "1",
+           "-x", "PATH", "-x", "PYTHONPATH"] + list(args)
+    env = mpi_env({"BNO_NETNS_MAP": net.netns_map(), "BNO_NETNS_TMPDIR": net.tmpdir})
     env.pop("OMPI_MCA_rmaps_base_oversubscribe", None)  # the hostfile's slots must suffice
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -77,6 +75,26 @@ def cross_and_local(latency):
     """Mean NL over pairs across the two hosts, and over pairs inside host 1 (ranks 2, 3)."""
     lat = np.array(latency)
     return float(lat[:2, 2:].mean()), float(lat[2, 3])
+
+
+def test_launch_across_hosts_is_reliable(cluster):
+    """Many short launches in a row. With one shared tmpdir, 7 of 40 launches crashed a daemon
+    (orted and its hwloc.sm session file: launch/netns-agent) and then hung."""
+    hello = ("from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
+             "names = c.allgather(os.environ['OMPI_MCA_orte_tmpdir_base']); total = c.allreduce(c.rank); "
+             "print('hosts', len(set(names)), total) if c.rank == 0 else None")
+    for attempt in range(12):
+        proc = mpirun_on(cluster, ["python", "-c", hello], timeout=60)
+        assert_ok(proc)
+        assert "hosts 2 6" in proc.stdout, f"launch {attempt}: {proc.stdout!r}"
+    assert sorted(os.listdir(cluster.tmpdir)) == sorted(cluster.namespaces)
+
+
+def test_second_cluster_on_a_taken_subnet_is_refused(cluster):
+    other = NetnsCluster(f"bnx{os.getpid() % 100000}", subnet=cluster.subnet)
+    with pytest.raises(NetnsError, match=f"subnet {cluster.cidr} is already in use on {cluster.bridge}"):
+        other.create()
+    assert other.destroy() == []
 
 
 def test_four_ranks_across_two_hosts(cluster, tmp_path):

@@ -112,7 +112,7 @@ def usable_ranks(metrics: ClusterMetrics) -> np.ndarray:
 def _validate_latency(lat: np.ndarray, n: int) -> None:
     if lat.shape != (n, n):
         raise UsageError(f"metrics: 'latency' has shape {lat.shape} but there are {n} ranks; "
-                         f"give an {n}x{n} matrix")
+                         f"give a {n}x{n} matrix")
     _check_finite("latency", lat)
     _check_non_negative("latency", lat)
     diag = np.flatnonzero(np.diagonal(lat) != 0)

@@ -158,7 +158,7 @@ def _matrix(value, n: int) -> np.ndarray:
     if not isinstance(value, list) or len(value) != n:
         got = len(value) if isinstance(value, list) else type(value).__name__
         raise UsageError(f"'latency' must be a list of {n} rows (one per rank), got {got}; "
-                         f"give an {n}x{n} matrix")
+                         f"give a {n}x{n} matrix")
     for i, row in enumerate(value):
         if not isinstance(row, list) or len(row) != n:
             got = len(row) if isinstance(row, list) else type(row).__name__

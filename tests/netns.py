@@ -67,11 +67,12 @@ class NetnsCluster:
         taken = [line.split()[1] for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
                  if f" {self.subnet}." in line]
         if taken:  # a second bridge on the subnet would make the routes to the hosts ambiguous
-            stale = [dev for dev in taken if dev.endswith("br")]
-            cleanup = "; ".join(f"ip link del {dev}; ip netns del {dev[:-2]}h0; ip netns del {dev[:-2]}h1"
-                                for dev in stale)
+            namespaces = run("ip", "netns", "list", check=False).stdout.split()
+            cleanup = "; ".join(f"ip link del {dev}" for dev in taken)
+            cleanup += "".join(f"; ip netns del {ns}" for ns in namespaces
+                               if any(dev.endswith("br") and ns.startswith(dev[:-2] + "h") for dev in taken))
             raise NetnsError(f"subnet {self.cidr} is already in use on {', '.join(taken)} "
-                             f"(another test run, or a cluster left behind by a killed one: {cleanup or 'remove it'})")
+                             f"(another test run, or a cluster left behind by a killed one: {cleanup})")
         run("ip", "link", "add", self.bridge, "type", "bridge")
         run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         run("ip", "link", "set", self.bridge, "up")

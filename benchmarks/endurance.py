@@ -11,6 +11,7 @@ Usage (from the repository root; takes several minutes on 2 cores)::
     source launch/mpi-env
     python benchmarks/endurance.py --updates 2400 --out runs/endurance
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from bno_hvd.launching import mpi_env, mpirun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,10 +39,18 @@ def rss_growth(records: list[dict], warmup_updates: int) -> list[dict]:
     out = []
     for rank in range(len(warm)):
         series = [m[rank] for _, m in after if m[rank] is not None]
-        out.append({"rank": rank, "from_update": u0, "to_update": u1, "warm_bytes": warm[rank],
-                    "end_bytes": end[rank], "peak_bytes": max(series),
-                    "growth": (end[rank] - warm[rank]) / warm[rank],
-                    "peak_growth": (max(series) - warm[rank]) / warm[rank]})
+        out.append(
+            {
+                "rank": rank,
+                "from_update": u0,
+                "to_update": u1,
+                "warm_bytes": warm[rank],
+                "end_bytes": end[rank],
+                "peak_bytes": max(series),
+                "growth": (end[rank] - warm[rank]) / warm[rank],
+                "peak_growth": (max(series) - warm[rank]) / warm[rank],
+            }
+        )
     return out
 
 
@@ -47,20 +58,42 @@ def run_endurance(out_dir: str, updates: int, ranks: int, extra: list[str]) -> d
     """Run the job (real mpirun) and return its growth figures and wall time."""
     log_dir = os.path.join(out_dir, "log")
     shutil.rmtree(log_dir, ignore_errors=True)
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
-           sys.executable, "-m", "bno_hvd", "train", "--updates", str(updates), "--model", "cnn",
-           "--rebalance-every", "10", "--latency-interval", "1", "--no-eval", "--no-progress",
-           "--log-dir", log_dir, *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "bno_hvd",
+        "train",
+        "--updates",
+        str(updates),
+        "--model",
+        "cnn",
+        "--rebalance-every",
+        "10",
+        "--latency-interval",
+        "1",
+        "--no-eval",
+        "--no-progress",
+        "--log-dir",
+        log_dir,
+        *extra,
+    ]
+    cmd = mpirun_command(ranks, args)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=mpi_env())
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"training failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(log_dir, "updates.jsonl")) as fh:
         records = [json.loads(line) for line in fh]
     warmup = next(r["update"] for r in records if r.get("rank_memory") and r["update"] >= updates // 10)
-    return {"updates": updates, "ranks": ranks, "wall_seconds": wall, "warmup_update": warmup,
-            "per_rank": rss_growth(records, warmup), "command": " ".join(cmd)}
+    return {
+        "updates": updates,
+        "ranks": ranks,
+        "wall_seconds": wall,
+        "warmup_update": warmup,
+        "per_rank": rss_growth(records, warmup),
+        "command": " ".join(cmd),
+    }
 
 
 def main(argv=None) -> int:
@@ -72,12 +105,16 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)  # anything else goes to `bno-hvd train`
     os.makedirs(args.out, exist_ok=True)
     result = run_endurance(args.out, args.updates, args.ranks, extra)
-    print(f"{args.ranks} ranks, {args.updates} updates, {result['wall_seconds']:.0f} s; "
-          f"RSS from update {result['warmup_update']} (end of warm-up) to the end:")
+    print(
+        f"{args.ranks} ranks, {args.updates} updates, {result['wall_seconds']:.0f} s; "
+        f"RSS from update {result['warmup_update']} (end of warm-up) to the end:"
+    )
     print(f"{'rank':>4} {'warm MiB':>9} {'end MiB':>8} {'peak MiB':>9} {'growth':>7} {'peak':>7}")
     for r in result["per_rank"]:
-        print(f"{r['rank']:>4} {r['warm_bytes'] / 2**20:>9.1f} {r['end_bytes'] / 2**20:>8.1f} "
-              f"{r['peak_bytes'] / 2**20:>9.1f} {r['growth']:>7.2%} {r['peak_growth']:>7.2%}")
+        print(
+            f"{r['rank']:>4} {r['warm_bytes'] / 2**20:>9.1f} {r['end_bytes'] / 2**20:>8.1f} "
+            f"{r['peak_bytes'] / 2**20:>9.1f} {r['growth']:>7.2%} {r['peak_growth']:>7.2%}"
+        )
     worst = max(r["growth"] for r in result["per_rank"])
     print(f"worst growth {worst:.2%} (target < {args.target:.0%}): {'PASS' if worst < args.target else 'FAIL'}")
     with open(os.path.join(args.out, "endurance.json"), "w") as fh:

@@ -1,8 +1,9 @@
 """Scale on paper: `bno-hvd allocate` on generated N-rank metrics files, and the latency
 probe's cost per rank as N grows (all pairs vs sampled rounds). Prints tables; asserts nothing.
 
-    .venv/bin/python benchmarks/scale.py            # (sources launch/mpi-env settings itself)
+    .venv/bin/python benchmarks/scale.py            # (uses bno_hvd.launching's MPI settings itself)
 """
+
 import json
 import os
 import re
@@ -13,11 +14,10 @@ import time
 
 import numpy as np
 
+from bno_hvd.control.schedule import rounds_for_refresh
+from bno_hvd.launching import mpi_env, mpirun
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-from conftest import mpi_env, mpirun  # noqa: E402
-from bno_hvd.control.schedule import rounds_for_refresh  # noqa: E402
 
 
 def write_metrics(n, path, dense, seed=0):
@@ -35,15 +35,26 @@ def write_metrics(n, path, dense, seed=0):
                 pairs += [[i, j, v], [j, i, v]]
         latency = {"pairs": pairs}
     with open(path, "w") as fh:
-        json.dump({"ops": rng.uniform(50, 500, n).tolist(), "memory_used": rng.uniform(1e8, 4e9, n).tolist(),
-                   "latency": latency}, fh)
+        json.dump(
+            {
+                "ops": rng.uniform(50, 500, n).tolist(),
+                "memory_used": rng.uniform(1e8, 4e9, n).tolist(),
+                "latency": latency,
+            },
+            fh,
+        )
 
 
 def time_allocate(path, strategy):
     bno = os.path.join(os.path.dirname(sys.executable), "bno-hvd")
     t0 = time.perf_counter()
-    out = subprocess.run([bno, "allocate", "--metrics", path, "--strategy", strategy], capture_output=True,
-                         text=True, env=mpi_env(), check=True).stdout
+    out = subprocess.run(
+        [bno, "allocate", "--metrics", path, "--strategy", strategy],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        check=True,
+    ).stdout
     wall = time.perf_counter() - t0
     sizes = json.loads(out)["batch_sizes"]
     return wall, len(sizes), sum(sizes)
@@ -71,11 +82,14 @@ def probe_table(sizes=(2, 4, 8)):
             args = [sys.executable, "-m", "bno_hvd", "probe", "--steps", "1", "--repeats", "3"]
             if rounds:
                 args += ["--max-rounds", str(rounds)]
-            proc = mpirun(n, args, timeout=300)
+            proc = mpirun(n, args, timeout=300, cwd=ROOT)
             if proc.returncode != 0:
                 print(proc.stderr[-2000:])
                 raise SystemExit(1)
-            ms = [float(m.group(1)) for m in re.finditer(r"^\S*\s*\d+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+)$", proc.stdout, re.M)]
+            ms = [
+                float(m.group(1))
+                for m in re.finditer(r"^\S*\s*\d+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+)$", proc.stdout, re.M)
+            ]
             used = min(rounds or n - 1, n - 1 if n % 2 == 0 else n)
             exchanges = used * 2 * (3 + 1)
             print(f"{n:>6} {('all' if rounds is None else rounds):>7} {exchanges:>15} {max(ms):>27.2f}")

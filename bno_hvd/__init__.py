@@ -1,19 +1,32 @@
 """bno-hvd: heterogeneity-aware data-parallel training on Horovod with an mpi4py control plane.
 
-Public API (re-exports only)::
+Public API (re-exports only, loaded on first use so that the CLI starts without torch)::
 
     from bno_hvd import Balancer, make_strategy, MetricsMonitor
 """
-from .allocation import STRATEGY_NAMES, ClusterMetrics, Strategy, bno_batch_sizes, make_strategy
-from .balancer import Balancer, Step, StepStats
-from .control.monitor import MetricsMonitor
-from .emulation import DeviceEmulator
-from .errors import UsageError
-from .sampler import UnevenSampler
-from .weighting import rank_weight, sample_weights, scaled_lr
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["Balancer", "Step", "StepStats", "MetricsMonitor", "DeviceEmulator", "UnevenSampler",
-           "make_strategy", "Strategy", "STRATEGY_NAMES", "ClusterMetrics", "bno_batch_sizes",
-           "rank_weight", "sample_weights", "scaled_lr", "UsageError", "__version__"]
+_EXPORTS = {
+    "allocation": ("STRATEGY_NAMES", "ClusterMetrics", "Strategy", "bno_batch_sizes", "make_strategy"),
+    "balancer": ("Balancer", "Step", "StepStats"),
+    "control.monitor": ("MetricsMonitor",),
+    "emulation": ("DeviceEmulator",),
+    "errors": ("TrainingError", "UsageError"),
+    "hooks": ("Hook",),
+    "loader": ("Batch",),
+    "plan": ("AllocationPlan",),
+    "records": ("RankStep", "UpdateRecord"),
+    "sampler": ("UnevenSampler",),
+    "weighting": ("rank_weight", "sample_weights", "scaled_lr"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE) + ["__version__"]
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bno_hvd' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

@@ -1,18 +1,26 @@
 """The public API: uneven, measured batch allocation inside any Horovod training loop.
 
-Usage (see README for the full twenty lines)::
+``Balancer`` is the runtime around an allocation :mod:`strategy <bno_hvd.allocation>` (``balanced``,
+``bno``, ...): it measures this rank, rebalances every K updates through rank 0, and hands each
+rank its slice of the global batch and the loss weight that makes uneven slices exact.
+
+Usage (README has the full example)::
 
     bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
+    loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
-    for _ in range(updates):
-        step = bal.start_step()                   # this rank's indices and loss weight
-        x, y = data[step.indices]
+    for batch in loader:                                # one epoch
+        step = bal.start_step(batch)                    # checks the batch, gives the loss weight
+        x, y = batch.data
         opt.zero_grad()
         (F.cross_entropy(model(x), y) * step.weight).backward()
         bal.end_compute()
         opt.step()
-        bal.end_step()                            # measures; rebalances every K updates
+        bal.end_step()                                  # measures; rebalances every K updates
+
+Without a loader, ``start_step()`` gives ``step.indices`` to index an in-memory dataset.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,6 +30,10 @@ import numpy as np
 
 from .control.monitor import process_memory_bytes
 from .control.plane import ControlPlane, RankReport
+from .errors import UsageError, WarningLog
+from .loader import Batch, make_loader
+from .plan import AllocationPlan
+from .records import RankStep
 from .sampler import UnevenSampler
 from .throughput import StepWindow
 from .weighting import rank_weight
@@ -32,25 +44,37 @@ class Step:
     """One update as seen by one rank."""
 
     update: int
-    batch_sizes: list[int]      # every rank's batch this update
-    indices: np.ndarray         # this rank's sample indices
-    weight: float               # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
-    emulated_wait: float = 0.0  # seconds this rank waited to emulate a slower device
+    batch_sizes: list[int]  # every rank's batch this update
+    weight: float  # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
+    size: int  # this rank's batch
+    indices: np.ndarray | None = None  # without a loader: this rank's sample indices
 
     @property
     def batch_size(self) -> int:
-        return len(self.indices)
+        return self.size
+
+    @property
+    def global_batch(self) -> int:
+        return int(sum(self.batch_sizes))
 
 
 @dataclass
 class StepStats:
+    """What :meth:`Balancer.end_step` measured for the update just finished."""
+
     update: int
     batch_sizes: list[int]
-    compute_seconds: float      # start of step -> end of backward, emulated wait included
-    step_seconds: float         # start of step -> optimizer step done: the weight-update time
+    compute_seconds: float  # start of step -> end of backward (emulated wait included)
+    sync_seconds: float  # end of backward -> optimizer step done (allreduce and waiting)
+    cpu_seconds: float  # CPU time of this process (all threads) in the update
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
+
+    def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
+        return RankStep(
+            batch, self.compute_seconds, self.sync_seconds, self.rebalance_seconds, self.cpu_seconds, micro_batches
+        )
 
 
 class Balancer:
@@ -59,44 +83,97 @@ class Balancer:
 
     ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
     :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
-    ``monitor`` is an optional started :class:`bno_hvd.control.monitor.MetricsMonitor`,
-    ``emulator`` an optional :class:`bno_hvd.emulation.DeviceEmulator`.
+    ``monitor`` is an optional started :class:`bno_hvd.control.monitor.MetricsMonitor`;
+    ``max_batch`` this rank's memory cap in samples; ``lag`` the allocation lag D (None: the
+    smallest that suits the loader, see :mod:`bno_hvd.plan`); ``report_filter(report, update)``
+    may change what this rank reports (fault injection uses it).
     """
 
-    def __init__(self, comm, strategy, dataset_len: int, *, seed: int = 0, rebalance_every: int = 10,
-                 monitor=None, emulator=None, window: int = 20, max_batch: int | None = None):
+    def __init__(
+        self,
+        comm,
+        strategy,
+        dataset_len: int,
+        *,
+        seed: int = 0,
+        rebalance_every: int = 10,
+        monitor=None,
+        window: int = 20,
+        max_batch: int | None = None,
+        lag: int | None = None,
+        report_filter=None,
+    ):
         if rebalance_every < 1:
-            raise ValueError("rebalance_every must be >= 1")
+            raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
         self.plane = ControlPlane(comm)
         self.rank, self.size = self.plane.rank, self.plane.size
         self.strategy = strategy
         self.rebalance_every = rebalance_every
         self.monitor = monitor
-        self.emulator = emulator
         self.max_batch = max_batch
+        self.report_filter = report_filter
         self.sampler = UnevenSampler(dataset_len, seed=seed)
         self.window = StepWindow(window)
-        self.update = 0
-        self.batch_sizes = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
-        self.warnings: list[str] = []   # new warnings; the caller prints and clears them
-        self._warned: set[str] = set()   # so a persisting condition is reported once
+        self.fixed_lag = lag
+        initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
+        self.plan = AllocationPlan(initial, lag=lag or 1)
+        self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
-        self._t0 = self._t_compute = 0.0
+        self._t0 = self._t_compute = self._cpu0 = 0.0
+
+    # -- what the loop asks ---------------------------------------------------------------
+
+    @property
+    def update(self) -> int:
+        """Updates finished (= the index of the next update)."""
+        return self.plan.done
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Every rank's batch of the next update."""
+        return self.plan.sizes(self.plan.done)
 
     @property
     def global_batch(self) -> int:
         return int(sum(self.batch_sizes))
 
-    def start_step(self) -> Step:
-        """Begin an update: take the emulated wait (if any) and return this rank's work."""
-        sizes = list(self.batch_sizes)
-        indices = self.sampler.next_indices(sizes, self.rank)
-        self._t0 = time.perf_counter()
-        wait = 0.0
-        if self.emulator is not None:
-            wait = self.emulator.pre_wait(sizes[self.rank], self.update)
-            time.sleep(wait)
-        self._step = Step(self.update, sizes, indices, rank_weight(sizes, self.rank), wait)
+    def loader(self, dataset, **dataloader_kwargs):
+        """A ``torch.utils.data.DataLoader`` of this rank's slices (collective: every rank calls it).
+
+        Takes DataLoader's loading options (``num_workers``, ``prefetch_factor``, ``pin_memory``,
+        ``persistent_workers``, ``collate_fn``, ...) and ``seed_samples`` (see :mod:`bno_hvd.loader`).
+        Each iteration is one epoch of :class:`bno_hvd.loader.Batch` objects."""
+        if len(dataset) != self.sampler.dataset_len:
+            raise UsageError(
+                f"the dataset has {len(dataset)} samples but the balancer was made for "
+                f"{self.sampler.dataset_len}; pass len(dataset) to Balancer"
+            )
+        return make_loader(self, dataset, **dataloader_kwargs)
+
+    def agree_lag(self, depth: int) -> int:
+        """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""
+        deepest = max(self.plane.comm.allgather(int(depth)))
+        needed = deepest + 1
+        if self.fixed_lag is not None and self.fixed_lag < needed:
+            raise UsageError(
+                f"allocation lag {self.fixed_lag} is too small: a loader reads {deepest} batches "
+                f"ahead (num_workers x prefetch_factor), so allocations need a lag of at least "
+                f"{needed}; raise it or leave it unset"
+            )
+        self.plan.raise_lag(needed)
+        return self.plan.lag
+
+    def start_step(self, batch: Batch | None = None) -> Step:
+        """Begin an update: this rank's work and loss weight. ``batch`` comes from :meth:`loader`."""
+        update = self.plan.done
+        sizes = self.plan.sizes(update)
+        if batch is None:
+            indices, _ = self.sampler.slice_at(self.sampler.position, sizes, self.rank)
+            size = len(indices)
+        else:
+            indices, size = None, self._check(batch, update, sizes)
+        self._t0, self._cpu0 = time.perf_counter(), time.process_time()
+        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices)
         return self._step
 
     def end_compute(self) -> float:
@@ -104,57 +181,95 @@ class Balancer:
         step = self._require_step()
         self._t_compute = time.perf_counter()
         compute = self._t_compute - self._t0
-        if self.emulator is not None:
-            real = compute - step.emulated_wait
-            self.emulator.record_real(step.batch_size, real, step.update)
-            target = self.emulator.target_seconds(step.batch_size, step.update)
-            if compute < target:  # prediction was short: finish the emulated compute phase
-                time.sleep(target - compute)
-                self._t_compute = time.perf_counter()
-                compute = self._t_compute - self._t0
-        self.window.add(step.batch_size, compute)
+        self.window.add(step.size, compute)
         return compute
 
     def end_step(self) -> StepStats:
         """Mark the end of the optimizer step; rebalances (collectively) every K updates."""
         step = self._require_step()
         now = time.perf_counter()
-        stats = StepStats(step.update, step.batch_sizes, self._t_compute - self._t0, now - self._t0)
-        self.update += 1
+        stats = StepStats(
+            step.update,
+            step.batch_sizes,
+            self._t_compute - self._t0,
+            now - self._t_compute,
+            time.process_time() - self._cpu0,
+        )
+        self.sampler.advance(step.global_batch)
+        self.plan.finish_update()
         self._step = None
+        if self.monitor is not None and self.monitor.error:
+            self.warnings.warn(
+                f"the latency/memory monitor stopped ({self.monitor.error}); allocations use the last measurements"
+            )
         if self.update % self.rebalance_every == 0:
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
             stats.rank_memory = result.memory_used
         return stats
 
+    # -- the control plane ----------------------------------------------------------------
+
     def report(self) -> RankReport:
         """This rank's current measurements."""
         row = self.monitor.latest_row() if self.monitor is not None else _own_row(self.rank, self.size)
         memory = self.monitor.memory_used if self.monitor is not None else process_memory_bytes()
-        return RankReport(self.rank, self.window.ops(), memory, [float(x) for x in row],
-                          self.window.samples(), self.max_batch)
+        report = RankReport(
+            self.rank,
+            self.window.ops(),
+            memory,
+            [float(x) for x in row],
+            self.window.samples(),
+            self.max_batch,
+            warnings=self.warnings.drain() if self.rank != 0 else [],
+        )
+        return self.report_filter(report, self.update) if self.report_filter else report
 
     def rebalance(self):
-        """Collective: gather, allocate on rank 0, broadcast, apply from the next update."""
-        result = self.plane.rebalance(self.strategy, self.report(), self.batch_sizes, self.update)
-        if result.warning and result.warning not in self._warned:
-            self._warned.add(result.warning)
-            self.warnings.append(result.warning)
-        self.batch_sizes = result.batch_sizes
+        """Collective: gather, allocate on rank 0, broadcast; used from update ``done + lag - 1``."""
+        result = self.plane.rebalance(self.strategy, self.report(), self.plan.latest(), self.update)
+        for warning in result.warnings:  # rank 0: the strategy's, and what the other ranks sent
+            self.warnings.warn(warning)
+        self.plan.decide(result.batch_sizes)
         return result
 
+    # -- checkpoints ----------------------------------------------------------------------
+
     def state_dict(self) -> dict:
-        return {"update": self.update, "batch_sizes": list(self.batch_sizes),
-                "sampler": self.sampler.state_dict(),
-                "strategy": self.strategy.state_dict() if self.rank == 0 else None}
+        """What the next update depends on: updates done, decided allocations, stream position."""
+        return {
+            "update": self.update,
+            "plan": self.plan.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "strategy": self.strategy.state_dict() if self.rank == 0 else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        self.update = int(state["update"])
-        self.batch_sizes = [int(b) for b in state["batch_sizes"]]
+        self.plan.load_state_dict(state["plan"])
         self.sampler.load_state_dict(state["sampler"])
         if self.rank == 0 and state.get("strategy") is not None:
             self.strategy.load_state_dict(state["strategy"])
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check(self, batch, update: int, sizes: list[int]) -> int:
+        if not isinstance(batch, Batch):
+            raise UsageError(f"start_step() takes a batch from Balancer.loader(), got {type(batch).__name__}")
+        if batch.error is not None:
+            raise UsageError(batch.error, rank=self.rank)
+        if batch.update != update:
+            raise UsageError(
+                f"the loader delivered the batch of update {batch.update} while the loop is at "
+                f"update {update}; one loader per balancer, consumed in order",
+                rank=self.rank,
+            )
+        if batch.size != sizes[self.rank]:
+            raise UsageError(
+                f"batch of update {update} has {batch.size} samples but rank {self.rank} was "
+                f"allocated {sizes[self.rank]}",
+                rank=self.rank,
+            )
+        return batch.size
 
     def _require_step(self) -> Step:
         if self._step is None:

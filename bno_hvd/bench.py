@@ -1,13 +1,14 @@
-"""Benchmark arithmetic (pure): throughput, fraction of ideal, control-plane share, and
-recovery after a change of (emulated) speeds. Inputs are what a run logs:
+"""Benchmark arithmetic (pure): throughput, fraction of ideal, compute balance, the share of an
+update spent outside compute, control-plane cost, and recovery after a change of speeds.
 
-- ``records``: rank 0's per-update dicts (``update``, ``global_batch``, ``weight_update_time``,
-  ``time`` = seconds since the run started, measured after the update);
-- ``rank_steps``: per rank, per update ``(batch, compute_seconds, rebalance_seconds)``.
+Inputs are what a run logs: rank 0's :class:`~bno_hvd.records.UpdateRecord` list (``time`` =
+training seconds since the start, measured after the update) and every rank's
+:class:`~bno_hvd.records.RankStep` list.
 
-"Ideal" is the throughput if no rank ever waited: the sum over ranks of each rank's own
-compute throughput (samples / compute seconds) measured in the same run.
+"Ideal" is the throughput if no rank ever waited: the sum over ranks of each rank's own compute
+throughput (samples / compute seconds) measured in the same run.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,17 +16,21 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .records import RankStep, UpdateRecord
+
 
 @dataclass
 class BenchSummary:
     strategy: str
     updates: int
     samples_per_s: float
-    mean_weight_update_time: float    # seconds
+    mean_weight_update_time: float  # seconds
     ideal_samples_per_s: float
     fraction_of_ideal: float
-    control_overhead: float           # share of wall time spent in rebalances
+    control_overhead: float  # share of wall time spent in rebalances
     control_ms_per_rebalance: float = 0.0
+    compute_balance: float = math.nan  # mean over updates of mean/max per-rank compute time
+    outside_compute_share: float = math.nan  # share of update time not spent in the slowest compute
     speedup_vs_equal: float | None = None
     final_batch_sizes: list[int] | None = None
     mean_global_batch: float = 0.0
@@ -34,52 +39,89 @@ class BenchSummary:
         return asdict(self)
 
 
-def summarize(strategy: str, records: list[dict], rank_steps: list[list], warmup: int = 0) -> BenchSummary:
+def summarize(
+    strategy: str, records: list[UpdateRecord], rank_steps: list[list[RankStep]], warmup: int = 0
+) -> BenchSummary:
     """Summary over updates ``warmup..end`` (the first ones include start-up costs)."""
     if len(records) <= warmup + 1:
         raise ValueError(f"need more than {warmup + 1} updates to summarise, got {len(records)}")
     recs = records[warmup:]
-    t_begin = records[warmup - 1]["time"] if warmup > 0 else recs[0]["time"] - recs[0]["weight_update_time"]
-    wall = recs[-1]["time"] - t_begin
-    samples = sum(r["global_batch"] for r in recs)
+    t_begin = records[warmup - 1].time if warmup > 0 else recs[0].time - recs[0].weight_update_time
+    wall = recs[-1].time - t_begin
+    samples = sum(r.global_batch for r in recs)
     ideal = ideal_throughput(rank_steps, warmup)
     control = control_seconds(rank_steps, warmup)
     events = rebalance_count(rank_steps, warmup)
     throughput = samples / wall
     return BenchSummary(
-        strategy=strategy, updates=len(recs), samples_per_s=throughput,
-        mean_weight_update_time=float(np.mean([r["weight_update_time"] for r in recs])),
-        ideal_samples_per_s=ideal, fraction_of_ideal=throughput / ideal if ideal > 0 else math.nan,
-        control_overhead=control / wall, control_ms_per_rebalance=1e3 * control / events if events else 0.0,
-        final_batch_sizes=list(records[-1]["batch_sizes"]),
-        mean_global_batch=samples / len(recs))
+        strategy=strategy,
+        updates=len(recs),
+        samples_per_s=throughput,
+        mean_weight_update_time=float(np.mean([r.weight_update_time for r in recs])),
+        ideal_samples_per_s=ideal,
+        fraction_of_ideal=throughput / ideal if ideal > 0 else math.nan,
+        control_overhead=control / wall,
+        control_ms_per_rebalance=1e3 * control / events if events else 0.0,
+        compute_balance=compute_balance(rank_steps, warmup),
+        outside_compute_share=outside_compute_share(recs, [s[warmup:] for s in rank_steps]),
+        final_batch_sizes=list(records[-1].batch_sizes),
+        mean_global_batch=samples / len(recs),
+    )
 
 
-def ideal_throughput(rank_steps: list[list], warmup: int = 0) -> float:
+def ideal_throughput(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
     """Sum over ranks of samples / compute seconds (from update ``warmup`` on)."""
     total = 0.0
     for steps in rank_steps:
-        b = sum(s[0] for s in steps[warmup:])
-        t = sum(s[1] for s in steps[warmup:])
+        b = sum(s.batch for s in steps[warmup:])
+        t = sum(s.compute for s in steps[warmup:])
         total += b / t if t > 0 else 0.0
     return total
 
 
-def control_seconds(rank_steps: list[list], warmup: int = 0) -> float:
+def compute_matrix(rank_steps: list[list[RankStep]], warmup: int = 0) -> np.ndarray:
+    """Compute seconds as an array [rank, update] (updates every rank logged)."""
+    n = min((len(s) for s in rank_steps), default=0)
+    return np.array([[s.compute for s in steps[warmup:n]] for steps in rank_steps], dtype=float)
+
+
+def compute_balance(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
+    """Mean over updates of (mean over ranks / max over ranks) of the compute time: 1 when every
+    rank computes for the same time, 1/N when one rank does all the computing."""
+    m = compute_matrix(rank_steps, warmup)
+    if m.size == 0:
+        return math.nan
+    worst = m.max(axis=0)
+    ok = worst > 0
+    return float(np.mean(m.mean(axis=0)[ok] / worst[ok])) if ok.any() else math.nan
+
+
+def outside_compute_share(records: list[UpdateRecord], rank_steps: list[list[RankStep]]) -> float:
+    """Share of the weight-update time not spent in the slowest rank's compute (ratio of sums):
+    the allreduce, waiting that compute balance cannot remove, logging and the control plane."""
+    m = compute_matrix(rank_steps)
+    n = min(len(records), m.shape[1] if m.size else 0)
+    if n == 0:
+        return math.nan
+    cycles = np.array([r.weight_update_time for r in records[:n]])
+    return float(np.clip(cycles - m[:, :n].max(axis=0), 0, None).sum() / cycles.sum())
+
+
+def control_seconds(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
     """Cost of the rebalances: per rebalance the *smallest* time any rank spent in it.
 
     Every rank waits in the gather for the last one to arrive; that wait is step-time skew
     the next allreduce would have paid anyway. The last rank to arrive pays only the real
     cost (gather + allocation on rank 0 + broadcast), and that is the minimum.
     """
-    per_update = np.array([[s[2] for s in steps[warmup:]] for steps in rank_steps], dtype=float)
+    per_update = np.array([[s.rebalance for s in steps[warmup:]] for steps in rank_steps], dtype=float)
     return float(per_update.min(axis=0).sum()) if per_update.size else 0.0
 
 
-def rebalance_count(rank_steps: list[list], warmup: int = 0) -> int:
+def rebalance_count(rank_steps: list[list[RankStep]], warmup: int = 0) -> int:
     if not rank_steps:
         return 0
-    return sum(1 for s in rank_steps[0][warmup:] if s[2] > 0)
+    return sum(1 for s in rank_steps[0][warmup:] if s.rebalance > 0)
 
 
 def with_speedups(summaries: list[BenchSummary]) -> list[BenchSummary]:
@@ -89,22 +131,25 @@ def with_speedups(summaries: list[BenchSummary]) -> list[BenchSummary]:
     return summaries
 
 
-def rolling_efficiency(records: list[dict], rank_steps: list[list], window: int) -> list[float]:
+def rolling_efficiency(records: list[UpdateRecord], rank_steps: list[list[RankStep]], window: int) -> list[float]:
     """Per update: throughput over the last ``window`` updates / ideal over the same updates."""
-    times = [r["time"] for r in records]
+    times = [r.time for r in records]
     out = []
     for u in range(len(records)):
         lo = max(0, u - window + 1)
-        start = times[lo - 1] if lo > 0 else times[0] - records[0]["weight_update_time"]
-        done = sum(r["global_batch"] for r in records[lo:u + 1]) / max(1e-12, times[u] - start)
-        ideal = sum(sum(s[0] for s in steps[lo:u + 1]) / max(1e-12, sum(s[1] for s in steps[lo:u + 1]))
-                    for steps in rank_steps)
+        start = times[lo - 1] if lo > 0 else times[0] - records[0].weight_update_time
+        done = sum(r.global_batch for r in records[lo : u + 1]) / max(1e-12, times[u] - start)
+        ideal = sum(
+            sum(s.batch for s in steps[lo : u + 1]) / max(1e-12, sum(s.compute for s in steps[lo : u + 1]))
+            for steps in rank_steps
+        )
         out.append(done / ideal if ideal > 0 else math.nan)
     return out
 
 
-def recovery_intervals(efficiency: list[float], changes: list[int], rebalance_every: int,
-                       threshold: float = 0.9) -> list[float | None]:
+def recovery_intervals(
+    efficiency: list[float], changes: list[int], rebalance_every: int, threshold: float = 0.9
+) -> list[float | None]:
     """For each change at update ``c``: rebalance intervals until the rolling efficiency (over a
     window of ``rebalance_every`` updates, see :func:`rolling_efficiency`) is back at
     ``threshold``, counting only windows that lie wholly after the change (None: never before
@@ -118,17 +163,33 @@ def recovery_intervals(efficiency: list[float], changes: list[int], rebalance_ev
     return out
 
 
-TABLE_COLUMNS = ("strategy", "samples_per_s", "mean_weight_update_time", "speedup_vs_equal",
-                 "fraction_of_ideal", "control_overhead", "control_ms_per_rebalance", "mean_global_batch",
-                 "final_batch_sizes")
+TABLE_COLUMNS = (
+    "strategy",
+    "samples_per_s",
+    "mean_weight_update_time",
+    "speedup_vs_equal",
+    "fraction_of_ideal",
+    "compute_balance",
+    "outside_compute_share",
+    "control_overhead",
+    "control_ms_per_rebalance",
+    "mean_global_batch",
+    "final_batch_sizes",
+)
 
 
 def format_table(summaries: list[BenchSummary]) -> str:
-    head = f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
+    head = (
+        f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}"
+        f"{'balance':>8}{'outside':>8}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
+    )
     lines = [head, "-" * len(head)]
     for s in summaries:
         speed = f"{s.speedup_vs_equal:.2f}x" if s.speedup_vs_equal is not None else "-"
-        lines.append(f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
-                     f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.control_overhead:>9.2%}{s.control_ms_per_rebalance:>9.2f}{s.mean_global_batch:>9.1f}"
-                     f"  {','.join(map(str, s.final_batch_sizes or []))}")
+        lines.append(
+            f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
+            f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.compute_balance:>8.2f}{s.outside_compute_share:>8.0%}"
+            f"{s.control_overhead:>9.2%}{s.control_ms_per_rebalance:>9.2f}{s.mean_global_batch:>9.1f}"
+            f"  {','.join(map(str, s.final_batch_sizes or []))}"
+        )
     return "\n".join(lines)

@@ -2,9 +2,10 @@
 
 A checkpoint is ``<dir>/ckpt-<update:08d>.pt``; the newest complete one is the one to resume.
 It holds everything the next update depends on, so a resumed run continues exactly where the
-killed one stood: model, optimizer (momentum/Adam moments), the balancer (update index, current
-allocation, sampler epoch and offset, the strategy's state), every rank's RNG states, and the
-config it was made with.
+killed one stood: model, optimizer (momentum/Adam moments), the balancer (updates done, the
+allocations already decided for the next updates, the sample stream's epoch and offset, the
+strategy's state), every rank's RNG states, and the config it was made with. It never holds a
+data loader's prefetch position: a resumed loader starts at the next update to run.
 
 Usage (every rank calls both; only rank 0 touches the files)::
 
@@ -12,6 +13,7 @@ Usage (every rank calls both; only rank 0 touches the files)::
     ...
     save_training_state(cfg, comm, model, optimizer, balancer)
 """
+
 from __future__ import annotations
 
 import glob
@@ -22,14 +24,25 @@ import re
 import numpy as np
 import torch
 
+from .atomic import atomic_write, fsync_directory, is_temporary
 from .errors import TrainingError, UsageError
 
 _NAME = re.compile(r"ckpt-(\d{8})\.pt$")
 
 # Flags that shape the training state: a checkpoint only resumes under the same values.
 # (--updates, --lr, --log-dir, the checkpoint flags and the like may change between runs.)
-STATE_FLAGS = ("model", "dataset", "synthetic_size", "strategy", "base_batch_size", "batch_sizes",
-               "global_batch", "optimizer", "dtype", "seed")
+STATE_FLAGS = (
+    "model",
+    "dataset",
+    "synthetic_size",
+    "strategy",
+    "base_batch_size",
+    "batch_sizes",
+    "global_batch",
+    "optimizer",
+    "dtype",
+    "seed",
+)
 
 
 def checkpoint_path(directory: str, update: int) -> str:
@@ -52,21 +65,14 @@ def save_checkpoint(directory: str, update: int, state: dict, keep: int = 3) -> 
     A kill at any point leaves either the previous set of checkpoints or the new one complete:
     the file only gets its final name after its bytes are on disk.
     """
-    os.makedirs(directory, exist_ok=True)
-    final = checkpoint_path(directory, update)
-    tmp = final + f".tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(directory)
+    final = atomic_write(checkpoint_path(directory, update), lambda fh: torch.save(state, fh), binary=True)
     for _, old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         os.remove(old)
     # a writer killed mid-write leaves its temporary file behind; only rank 0 writes here
     for stale in glob.glob(os.path.join(directory, "ckpt-*.pt.tmp.*")):
-        if not stale.endswith(f".tmp.{os.getpid()}"):
+        if is_temporary(stale):
             os.remove(stale)
+    fsync_directory(directory)
     return final
 
 
@@ -79,7 +85,9 @@ def load_latest(directory: str) -> tuple[int, dict] | None:
     try:
         return update, torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing condition
-        raise UsageError(f"checkpoint {path} cannot be read ({type(err).__name__}); remove it to resume from the previous one") from None
+        raise UsageError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}); remove it to resume from the previous one"
+        ) from None
 
 
 def parameters_finite(model) -> bool:
@@ -95,15 +103,26 @@ def save_training_state(cfg, comm, model, optimizer, balancer) -> str | None:
     Returns the path on rank 0, None elsewhere.
     """
     if not parameters_finite(model):
-        raise TrainingError(f"parameters became non-finite at update {balancer.update}; not checkpointed "
-                            f"(the last good checkpoint in {cfg.checkpoint_dir} is kept); lower --lr")
+        raise TrainingError(
+            f"parameters became non-finite at update {balancer.update}; not checkpointed "
+            f"(the last good checkpoint in {cfg.checkpoint_dir} is kept); lower --lr"
+        )
     state = balancer.state_dict()  # only rank 0's carries the strategy
     rngs = comm.gather(_rng_state(), root=0)
     if comm.Get_rank() != 0:
         return None
-    return save_checkpoint(cfg.checkpoint_dir, balancer.update, {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "balancer": state,
-        "rng": rngs, "config": cfg.to_dict()}, keep=cfg.keep_checkpoints)
+    return save_checkpoint(
+        cfg.checkpoint_dir,
+        balancer.update,
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "balancer": state,
+            "rng": rngs,
+            "config": cfg.to_dict(),
+        },
+        keep=cfg.keep_checkpoints,
+    )
 
 
 def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
@@ -129,8 +148,10 @@ def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
                     raise
                 except (KeyError, ValueError, RuntimeError) as err:
                     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    raise UsageError(f"checkpoint {where} does not fit this run ({reason}); resume with "
-                                     "the flags and process count it was made with") from None
+                    raise UsageError(
+                        f"checkpoint {where} does not fit this run ({reason}); resume with "
+                        "the flags and process count it was made with"
+                    ) from None
                 info = {"update": update, "balancer": state["balancer"]}
                 rngs = state.get("rng")
         except UsageError as err:
@@ -159,8 +180,10 @@ def check_compatible(saved: dict, current: dict, where: str) -> None:
     for key in STATE_FLAGS:
         if key in saved and _norm(saved[key]) != _norm(current.get(key)):
             flag = "--" + key.replace("_", "-")
-            raise UsageError(f"checkpoint {where} was made with {flag} {_show(saved[key])} but this run has "
-                             f"{flag} {_show(current.get(key))}; resume with the same value or use another --checkpoint-dir")
+            raise UsageError(
+                f"checkpoint {where} was made with {flag} {_show(saved[key])} but this run has "
+                f"{flag} {_show(current.get(key))}; resume with the same value or use another --checkpoint-dir"
+            )
 
 
 def _norm(value):
@@ -179,14 +202,3 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,64 +1,44 @@
-"""The ``bno-hvd`` command (a click group). Config flows one way: flags -> TrainConfig.
+"""The ``bno-hvd`` command (a click group); each subcommand lives in ``bno_hvd.commands``.
 
-User errors become one line on stderr and exit code 2; under MPI only rank 0 prints.
+Every error a user can cause ends as one line on stderr and a non-zero exit, never a traceback:
+:class:`UsageError` (exit 2) and :class:`TrainingError` (exit 1). Under MPI, an error every rank
+agrees on is printed by rank 0 alone; an error only one rank found (``err.rank`` is set) is
+printed by that rank, and the job is aborted so that no other rank waits for it.
 """
+
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import click
 
-from .errors import UsageError
+from .commands import allocate, bench, docs, experiment, hostfile, train
+from .errors import TrainingError, UsageError
+from .world import launched_rank
 
 
-def launched_rank() -> int:
-    """This process's rank from the launcher's environment (0 when not under MPI)."""
-    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
-def fail(message: str, code: int = 2):
+def fail(message: str, code: int = 2, *, only_this_rank: int | None = None):
+    if only_this_rank is not None:
+        click.echo(f"bno-hvd: error: rank {only_this_rank}: {message}", err=True)
+        sys.stderr.flush()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+            mpi.COMM_WORLD.Abort(code)  # the others may be waiting for this rank in a collective
+        sys.exit(code)
     if launched_rank() == 0:
         click.echo(f"bno-hvd: error: {message}", err=True)
     sys.exit(code)
 
 
-def parse_int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: expected comma-separated integers like 5,11,3,13") from None
-    if not values:
-        raise UsageError(f"{flag} is empty; give one integer per rank, e.g. 5,11,3,13")
-    if any(v < 1 for v in values):
-        raise UsageError(f"{flag} {text!r}: every batch size must be >= 1")
-    return values
-
-
-def parse_name_list(text: str, flag: str, allowed) -> list[str]:
-    """``"a,b"`` -> ``["a", "b"]``, every name one of ``allowed`` (else a one-line UsageError)."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in allowed]
-    if not names or bad:
-        raise UsageError(f"{flag} {text!r}: unknown {bad or 'empty list'}; choose from {','.join(allowed)}")
-    return names
-
-
 class Group(click.Group):
-    """Turns UsageError (and click's own usage errors) into one line, exit 2."""
+    """Turns UsageError, TrainingError and click's own usage errors into one line."""
 
     def main(self, *args, **kwargs):
         kwargs.setdefault("standalone_mode", False)
         try:
             return super().main(*args, **kwargs)
-        except UsageError as err:
-            fail(str(err))
+        except (UsageError, TrainingError) as err:
+            fail(str(err), err.exit_code, only_this_rank=err.rank)
         except click.exceptions.Exit as err:
             sys.exit(err.exit_code)
         except click.Abort:
@@ -73,17 +53,6 @@ def main():
     """bno-hvd: heterogeneity-aware data-parallel training on Horovod (BalanceNet allocation)."""
 
 
-def register(module_name: str) -> None:
-    """Subcommands live in their own modules (train, allocate, probe, bench, ...)."""
-    import importlib
-    module = importlib.import_module(f"bno_hvd.commands.{module_name}")
-    for command in module.COMMANDS:
-        main.add_command(command)
-
-
-for _name in ("train", "allocate", "hostfile", "bench", "docs", "experiment"):
-    register(_name)
-
-
-def echo_json(obj) -> None:
-    click.echo(json.dumps(obj))
+for _module in (train, allocate, hostfile, bench, docs, experiment):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

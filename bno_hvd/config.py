@@ -1,70 +1,112 @@
-"""One frozen dataclass for a training run: click flags -> TrainConfig -> components."""
+"""One frozen dataclass for a training run, and the one home of its defaults.
+
+Config flows one way: click flags (``bno_hvd.commands``) -> :class:`TrainConfig` -> the components
+built from it (:mod:`bno_hvd.components`). Every default lives here; the flags show these values.
+"""
+
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
+from .catalog import SYNTHETIC_SIZE
+from .control.monitor import LATENCY_INTERVAL, PROBE_BYTES
 from .errors import UsageError
+from .faults import parse_faults
+from .parsing import CAP
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "cnn"
+    # -- what to train ------------------------------------------------------------------------
+    model: str = "cnn"  # built-in name, torchvision name, or module:function
+    num_classes: int | None = None  # None: the dataset's
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
+    image_size: int = 64  # imagefolder: side of the square crops
+    synthetic_size: int = SYNTHETIC_SIZE
+    dtype: str = "float32"  # float64 for exactness checks
+    # -- how to split it ----------------------------------------------------------------------
     strategy: str = "balanced"
     base_batch_size: int = 32
-    batch_sizes: tuple[int, ...] | None = None     # for --strategy fixed
-    global_batch: int | None = None                # for strategies that keep it fixed
+    batch_sizes: tuple[int, ...] | None = None  # for --strategy fixed
+    global_batch: int | None = None  # for strategies that keep it fixed
+    rebalance_every: int = 10
+    max_batch: int | None = None  # per-rank cap (memory limit, in samples)
+    # -- the optimisation ---------------------------------------------------------------------
     updates: int = 600
     lr: float = 0.02
     lr_scaling: str = "linear"
     optimizer: str = "sgd"
     momentum: float = 0.9
     seed: int = 0
-    rebalance_every: int = 10
-    log_dir: str | None = None
-    save_model: str | None = None
-    threads: int = 1
+    # -- the data loader ----------------------------------------------------------------------
+    num_workers: int = 0  # DataLoader worker processes per rank
+    prefetch_factor: int = 2  # batches each worker loads ahead
+    pin_memory: bool = False
+    allocation_lag: int | None = None  # None: num_workers * prefetch_factor + 1
+    # -- the machine --------------------------------------------------------------------------
+    threads: int = 1  # torch threads per rank
+    latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
+    probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
+    # -- heterogeneity ------------------------------------------------------------------------
     emulate_speed: tuple[float, ...] | None = None
     emulate_rate: float = 200.0
     emulate_schedule: str | None = None
-    latency_interval: float = 5.0
-    probe_bytes: int = 65536
-    max_batch: int | None = None                   # per-rank cap (memory limit, in samples)
+    # -- outputs ------------------------------------------------------------------------------
+    log_dir: str | None = None
+    save_model: str | None = None
     eval: bool = True
     eval_batch_size: int = 1000
-    eval_every: int = 0                            # test accuracy every K updates (0: only at the end)
+    eval_every: int = 0  # test accuracy every K updates (0: only at the end)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
     resume: bool = False
     progress: bool = True
-    synthetic_size: int = 4096
-    dtype: str = "float32"                         # float64 for exactness checks
-    inject_fault: str | None = None                # tests only: see bno_hvd.faults
+    inject_fault: str | None = None  # tests only: see bno_hvd.faults
 
     def __post_init__(self) -> None:
-        positive = {"base_batch_size": self.base_batch_size, "updates": self.updates,
-                    "rebalance_every": self.rebalance_every, "threads": self.threads,
-                    "eval_batch_size": self.eval_batch_size}
+        positive = {
+            "base_batch_size": self.base_batch_size,
+            "updates": self.updates,
+            "rebalance_every": self.rebalance_every,
+            "threads": self.threads,
+            "eval_batch_size": self.eval_batch_size,
+            "image_size": self.image_size,
+            "prefetch_factor": self.prefetch_factor,
+        }
         for name, value in positive.items():
             if value is None or value < 1:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-        if not self.lr > 0 or self.lr == float("inf"):
+        _at_most("--base-batch-size", self.base_batch_size, CAP.high)
+        _at_most("--threads", self.threads, 256)
+        _at_most("--image-size", self.image_size, 4096)
+        _at_most("--num-workers", self.num_workers, 64)
+        if self.num_workers < 0:
+            raise UsageError(f"--num-workers must be >= 0 (0: load in the training process), got {self.num_workers}")
+        if self.allocation_lag is not None and self.allocation_lag < 1:
+            raise UsageError(f"--allocation-lag must be a positive integer, got {self.allocation_lag}")
+        if self.num_classes is not None and not 1 <= self.num_classes <= 1_000_000:
+            raise UsageError(f"--num-classes must be between 1 and 1000000, got {self.num_classes}")
+        if not self.lr > 0 or self.lr == math.inf:
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
-        if not 0 <= self.momentum < float("inf"):
+        if not 0 <= self.momentum < math.inf:
             raise UsageError(f"--momentum must be a number >= 0 (0.9 is usual), got {self.momentum}")
         if not self.keep_checkpoints >= 1:
             raise UsageError(f"--keep-checkpoints must be a positive integer, got {self.keep_checkpoints}")
-        if not 0 < self.emulate_rate < float("inf"):
-            raise UsageError(f"--emulate-rate must be a positive number of samples/s, got {self.emulate_rate}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise UsageError(f"--optimizer {self.optimizer!r}: use sgd or adam")
-        if self.dtype not in ("float32", "float64"):
-            raise UsageError(f"--dtype {self.dtype!r}: use float32 or float64")
-        if self.lr_scaling not in ("linear", "none"):
-            raise UsageError(f"--lr-scaling {self.lr_scaling!r}: use linear or none")
+        if not 0.1 <= self.emulate_rate <= 1e7:
+            raise UsageError(
+                f"--emulate-rate must be a positive number of samples/s between 0.1 and 1e7, got {self.emulate_rate}"
+            )
+        for flag, value, choices in (
+            ("--optimizer", self.optimizer, ("sgd", "adam")),
+            ("--dtype", self.dtype, ("float32", "float64")),
+            ("--lr-scaling", self.lr_scaling, ("linear", "none")),
+        ):
+            if value not in choices:
+                raise UsageError(f"{flag} {value!r}: use {' or '.join(choices)}")
         if self.batch_sizes is not None and any(b < 1 for b in self.batch_sizes):
             raise UsageError(f"--batch-sizes must all be positive integers, got {','.join(map(str, self.batch_sizes))}")
         if self.global_batch is not None and self.global_batch < 1:
@@ -81,11 +123,10 @@ class TrainConfig:
             raise UsageError(f"--eval-every must be >= 0 (0: evaluate only at the end), got {self.eval_every}")
         if self.eval_every and not self.eval:
             raise UsageError("--eval-every needs the test split; drop --no-eval")
-        if not 0 <= self.latency_interval < float("inf"):
-            raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off)")
+        if not 0 <= self.latency_interval <= 86400:
+            raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off) and at most 86400 s")
         if not self.probe_bytes >= 8:
             raise UsageError(f"probe_bytes must be >= 8, got {self.probe_bytes}")
-        from .faults import parse_faults
         parse_faults(self.inject_fault)
 
     def check_world(self, size: int) -> None:
@@ -93,11 +134,17 @@ class TrainConfig:
         if self.strategy == "fixed" and self.batch_sizes is None:
             raise UsageError("--strategy fixed needs --batch-sizes, one per rank, e.g. --batch-sizes 5,11,3,13")
         if self.batch_sizes is not None and len(self.batch_sizes) != size:
-            raise UsageError(f"--batch-sizes has {len(self.batch_sizes)} entries but the job has {size} ranks; give one per rank")
+            raise UsageError(
+                f"--batch-sizes has {len(self.batch_sizes)} entries but the job has {size} ranks; give one per rank"
+            )
         if self.emulate_speed is not None and len(self.emulate_speed) != size:
-            raise UsageError(f"--emulate-speed has {len(self.emulate_speed)} entries but the job has {size} ranks; give one per rank")
+            raise UsageError(
+                f"--emulate-speed has {len(self.emulate_speed)} entries but the job has {size} ranks; give one per rank"
+            )
         if self.global_batch is not None and self.global_batch < size:
-            raise UsageError(f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample")
+            raise UsageError(
+                f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample"
+            )
         if self.max_batch is not None:
             self._check_max_batch(size)
 
@@ -105,15 +152,21 @@ class TrainConfig:
         """No allocation may exceed --max-batch: refuse runs whose allocation cannot fit under it."""
         cap = self.max_batch
         if self.batch_sizes is not None and max(self.batch_sizes) > cap:
-            raise UsageError(f"--batch-sizes {','.join(map(str, self.batch_sizes))} exceeds --max-batch {cap}; "
-                             "lower the sizes or raise the cap")
+            raise UsageError(
+                f"--batch-sizes {','.join(map(str, self.batch_sizes))} exceeds --max-batch {cap}; "
+                "lower the sizes or raise the cap"
+            )
         if self.strategy in ("equal", "bno") and self.base_batch_size > cap:
-            raise UsageError(f"--strategy {self.strategy} starts every rank at --base-batch-size {self.base_batch_size}, "
-                             f"above --max-batch {cap}; lower --base-batch-size")
+            raise UsageError(
+                f"--strategy {self.strategy} starts every rank at --base-batch-size {self.base_batch_size}, "
+                f"above --max-batch {cap}; lower --base-batch-size"
+            )
         total = self.global_batch or size * self.base_batch_size
         if self.batch_sizes is None and total > size * cap:
-            raise UsageError(f"the global batch {total} does not fit {size} ranks of --max-batch {cap}; "
-                             "lower --global-batch/--base-batch-size or raise --max-batch")
+            raise UsageError(
+                f"the global batch {total} does not fit {size} ranks of --max-batch {cap}; "
+                "lower --global-batch/--base-batch-size or raise --max-batch"
+            )
 
     @property
     def emulated(self) -> bool:
@@ -122,5 +175,19 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """Unknown keys fail loudly (a config written by another version, or a typo)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"unknown config key(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def _at_most(flag: str, value: int, high: float) -> None:
+    if value > high:
+        raise UsageError(f"{flag} must be at most {high:g}, got {value}")

@@ -1,8 +1,12 @@
-"""Datasets: Fashion-MNIST and MNIST read from local IDX files, and a seeded synthetic set.
+"""Datasets: Fashion-MNIST and MNIST read from local IDX files, a seeded synthetic set, and image
+folders (torchvision ``ImageFolder``).
 
-Nothing is ever downloaded (cluster nodes may have no internet). Every dataset comes back as one
-in-memory ``TensorDataset(images, labels)``: images float32 ``[N, 1, 28, 28]`` normalised as
-``(x / 255 - mean) / std`` with the per-dataset constants in :data:`NORMALIZATION`, labels int64 ``[N]``.
+Nothing is ever downloaded (cluster nodes may have no internet). Fashion-MNIST, MNIST and synthetic
+come back as one in-memory ``TensorDataset(images, labels)``: images float32 ``[N, 1, 28, 28]``
+normalised as ``(x / 255 - mean) / std`` with the per-dataset constants in :data:`NORMALIZATION`,
+labels int64 ``[N]``. ``imagefolder`` reads ``<data_dir>/train`` and ``<data_dir>/val`` (one
+sub-folder per class) from disk, with the usual ImageNet-style augmentation for training
+(:func:`image_transforms`); decoding happens in the DataLoader's workers.
 
 Where the files are looked for:
 
@@ -24,15 +28,16 @@ import gzip
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
+from bno_hvd.catalog import DATASET_NAMES, SYNTHETIC_SIZE
 from bno_hvd.errors import UsageError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-from bno_hvd.catalog import DATASET_NAMES  # noqa: E402  (one definition, torch-free)
 SPLITS = ("train", "test")
 NUM_CLASSES = 10
 IMAGE_SIZE = 28
@@ -115,7 +120,7 @@ def load_dataset(
     split: str,
     data_dir: str | None = None,
     *,
-    synthetic_size: int = 2048,
+    synthetic_size: int = SYNTHETIC_SIZE,
     seed: int = 0,
 ) -> TensorDataset:
     """Load one split of a dataset into memory as ``TensorDataset(images, labels)``.
@@ -128,6 +133,8 @@ def load_dataset(
     """
     if name not in DATASET_NAMES:
         raise UsageError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    if name == "imagefolder":
+        raise UsageError("imagefolder is read from disk sample by sample, not into memory: use load_datasets()")
     if split not in SPLITS:
         raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     if name == "synthetic":
@@ -154,7 +161,9 @@ def _read_split(name: str, split: str, data_dir: str | None) -> tuple[np.ndarray
     if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
         raise UsageError(f"{name} {split}: images are {images.shape[1:]}, expected 28x28; use the original IDX files")
     if len(images) != len(labels):
-        raise UsageError(f"{name} {split}: {len(images)} images but {len(labels)} labels; the files do not belong together")
+        raise UsageError(
+            f"{name} {split}: {len(images)} images but {len(labels)} labels; the files do not belong together"
+        )
     if labels.size and labels.max() >= NUM_CLASSES:
         raise UsageError(f"{name} {split}: label {labels.max()} is out of range 0..9; use the original label file")
     return images, labels
@@ -196,3 +205,80 @@ def _synthetic_uint8(split: str, size: int, seed: int) -> tuple[np.ndarray, np.n
     noise = rng.normal(0.0, 96.0, size=(n, IMAGE_SIZE, IMAGE_SIZE))
     images = np.clip(protos[labels] + noise, 0, 255).astype(np.uint8)
     return images, labels
+
+
+# -- what a run trains on ------------------------------------------------------------------------
+
+IMAGENET_NORMALIZATION = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@dataclass
+class Datasets:
+    """The splits of one dataset and what the model must fit: image shape (C, H, W) and classes."""
+
+    train: Dataset
+    test: Dataset | None
+    input_shape: tuple[int, int, int]
+    num_classes: int
+
+
+def load_datasets(
+    name: str,
+    data_dir: str | None = None,
+    *,
+    with_test: bool = True,
+    image_size: int = 64,
+    synthetic_size: int = SYNTHETIC_SIZE,
+    seed: int = 0,
+) -> Datasets:
+    """Train (and test) split of ``name`` (one of :data:`DATASET_NAMES`); :class:`UsageError` on bad input."""
+    if name == "imagefolder":
+        return _image_folders(data_dir, image_size, with_test)
+    train = load_dataset(name, "train", data_dir, synthetic_size=synthetic_size, seed=seed)
+    test = load_dataset(name, "test", data_dir, synthetic_size=synthetic_size, seed=seed) if with_test else None
+    return Datasets(train, test, (1, IMAGE_SIZE, IMAGE_SIZE), NUM_CLASSES)
+
+
+def image_transforms(image_size: int, train: bool):
+    """Training: random resized crop + horizontal flip; evaluation: resize + centre crop. Both
+    end in ImageNet normalisation. (Random choices come from generators the loader seeds per
+    sample and epoch, see :mod:`bno_hvd.loader`.)"""
+    from torchvision import transforms as T
+
+    mean, std = IMAGENET_NORMALIZATION
+    if train:
+        steps = [T.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True), T.RandomHorizontalFlip()]
+    else:
+        steps = [T.Resize(max(image_size, round(image_size * 8 / 7)), antialias=True), T.CenterCrop(image_size)]
+    return T.Compose(steps + [T.ToTensor(), T.Normalize(mean, std)])
+
+
+def _image_folders(data_dir: str | None, image_size: int, with_test: bool) -> Datasets:
+    if not data_dir:
+        raise UsageError(
+            "--dataset imagefolder needs --data-dir DIR with DIR/train/<class>/<images> "
+            "(and DIR/val/<class>/<images> for the test accuracy)"
+        )
+    root = os.path.expanduser(data_dir)
+    train = _image_folder(os.path.join(root, "train"), image_transforms(image_size, True))
+    test = _image_folder(os.path.join(root, "val"), image_transforms(image_size, False)) if with_test else None
+    if test is not None and test.classes != train.classes:
+        extra = sorted(set(test.classes) ^ set(train.classes))[:5]
+        raise UsageError(
+            f"imagefolder {root}: train/ and val/ have different class folders ({extra}); give both the same classes"
+        )
+    return Datasets(train, test, (3, image_size, image_size), len(train.classes))
+
+
+def _image_folder(path: str, transform):
+    from torchvision.datasets import ImageFolder
+
+    if not os.path.isdir(path):
+        raise UsageError(f"imagefolder: {path} is not a directory; put one sub-folder of images per class there")
+    try:
+        return ImageFolder(path, transform=transform)
+    except FileNotFoundError as err:  # no class folders, or no image files in them
+        raise UsageError(
+            f"imagefolder {path}: {str(err).splitlines()[0]}; put one sub-folder of images "
+            "(.jpg, .png, ...) per class there"
+        ) from None

@@ -9,73 +9,42 @@ device would, so allocation strategies see the emulated cluster.
 The wait is taken *before* the forward pass (predicted from the rank's recent real compute
 time per sample): Horovod starts the gradient allreduce during ``backward()``, so a wait after
 it would not delay the other ranks the way a slow device does.
+
+Everything shown from an emulated run says EMULATED (:mod:`bno_hvd.heterogeneity`). Real slow
+ranks are :mod:`bno_hvd.cpuquota`.
 """
+
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass
 
-from .errors import UsageError
+from .hooks import Hook
+from .parsing import SPEED, RankSchedule, load_rank_schedule, parse_float_list
 
 
 def parse_speeds(text: str, n_ranks: int | None = None) -> list[float]:
-    """``"1,1,1,0.33"`` -> floats, all > 0, and one per rank when ``n_ranks`` is given."""
-    try:
-        speeds = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--emulate-speed {text!r}: expected comma-separated numbers like 1,1,1,0.33") from None
-    if not speeds or any(not (s > 0) or s == float("inf") for s in speeds):
-        raise UsageError(f"--emulate-speed {text!r}: every speed must be a finite number > 0")
-    if n_ranks is not None and len(speeds) != n_ranks:
-        raise UsageError(f"--emulate-speed has {len(speeds)} entries but the job has {n_ranks} ranks; give one per rank")
-    return speeds
+    """``"1,1,1,0.33"`` -> one relative speed per rank, each within :data:`bno_hvd.parsing.SPEED`."""
+    return parse_float_list(text, "--emulate-speed", SPEED, n_ranks)
 
 
-def load_schedule(path: str, n_ranks: int) -> list[tuple[int, list[float]]]:
-    """``--emulate-schedule FILE``: JSON ``[{"update": 0, "speeds": [1,1,1,1]}, {"update": 200, ...}]``.
-
-    Returns ``(update, speeds)`` sorted by update; the first entry must start at update 0.
-    """
-    try:
-        with open(path) as fh:
-            raw = json.load(fh)
-    except OSError as err:
-        raise UsageError(f"--emulate-schedule {path}: cannot read ({err.strerror})") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"--emulate-schedule {path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(raw, list) or not raw:
-        raise UsageError(f"--emulate-schedule {path}: expected a JSON list of {{\"update\": U, \"speeds\": [...]}}")
-    out = []
-    for k, entry in enumerate(raw):
-        if not isinstance(entry, dict) or "update" not in entry or "speeds" not in entry:
-            raise UsageError(f"--emulate-schedule {path}: entry {k} needs keys 'update' and 'speeds'")
-        update = entry["update"]
-        if not isinstance(update, int) or update < 0:
-            raise UsageError(f"--emulate-schedule {path}: entry {k} 'update' must be an integer >= 0")
-        speeds = parse_speeds(",".join(str(s) for s in entry["speeds"]), n_ranks)
-        out.append((update, speeds))
-    out.sort(key=lambda e: e[0])
-    if out[0][0] != 0:
-        raise UsageError(f"--emulate-schedule {path}: the first entry must be at update 0")
-    return out
+def load_schedule(path: str, n_ranks: int) -> RankSchedule:
+    """``--emulate-schedule FILE``: ``[{"update": 0, "speeds": [1,1,1,1]}, {"update": 200, ...}]``."""
+    return load_rank_schedule(path, "--emulate-schedule", "speeds", SPEED, n_ranks)
 
 
 @dataclass
 class DeviceEmulator:
-    """Per-rank emulated device. ``schedule`` is ``[(update, speeds), ...]`` from update 0."""
+    """The emulated device of one rank (pure: the hook below does the waiting)."""
 
     rank: int
-    rate: float                                  # samples/s of a speed-1 device
-    schedule: list[tuple[int, list[float]]]
-    real_per_sample: float | None = None         # EMA of real compute seconds per sample
-    overruns: int = 0                            # steps whose real compute exceeded the target
+    rate: float  # samples/s of a speed-1 device
+    schedule: RankSchedule
+    real_per_sample: float | None = None  # EMA of real compute seconds per sample
+    overruns: int = 0  # steps whose real compute exceeded the target
 
     def speed(self, update: int) -> float:
-        current = self.schedule[0][1]
-        for start, speeds in self.schedule:
-            if update >= start:
-                current = speeds
-        return current[self.rank]
+        return self.schedule.at(update)[self.rank]
 
     def target_seconds(self, batch_size: int, update: int) -> float:
         """How long the compute phase of this step must last."""
@@ -89,7 +58,41 @@ class DeviceEmulator:
     def record_real(self, batch_size: int, real_seconds: float, update: int) -> None:
         """Feed the real compute time of a step (excluding the wait)."""
         per_sample = real_seconds / max(1, batch_size)
-        self.real_per_sample = per_sample if self.real_per_sample is None else \
-            0.8 * self.real_per_sample + 0.2 * per_sample
+        self.real_per_sample = (
+            per_sample if self.real_per_sample is None else 0.8 * self.real_per_sample + 0.2 * per_sample
+        )
         if real_seconds > self.target_seconds(batch_size, update):
             self.overruns += 1
+
+
+class EmulationHook(Hook):
+    """Stretches this rank's compute phase to its emulated duration."""
+
+    def __init__(self, emulator: DeviceEmulator, clock=time.perf_counter, sleep=time.sleep):
+        self.emulator = emulator
+        self._clock, self._sleep = clock, sleep
+        self._t0 = self._t_real = 0.0
+        self._updates = 0
+
+    def before_compute(self, step) -> None:
+        self._t0 = self._clock()
+        self._sleep(self.emulator.pre_wait(step.batch_size, step.update))
+        self._t_real = self._clock()
+
+    def after_compute(self, step) -> None:
+        now = self._clock()
+        self.emulator.record_real(step.batch_size, now - self._t_real, step.update)
+        target = self.emulator.target_seconds(step.batch_size, step.update)
+        if now - self._t0 < target:  # the prediction was short: finish the emulated compute phase
+            self._sleep(target - (now - self._t0))
+        self._updates += 1
+
+    def finish(self, comm) -> list[str]:
+        overruns = comm.gather(self.emulator.overruns, root=0)
+        if comm.Get_rank() != 0 or max(overruns) <= 0.05 * max(1, self._updates):
+            return []
+        worst = max(range(len(overruns)), key=overruns.__getitem__)
+        return [
+            f"rank {worst}'s real compute exceeded its emulated time in {overruns[worst]} of "
+            f"{self._updates} updates; results are not a clean emulation, lower --emulate-rate"
+        ]

@@ -1,9 +1,20 @@
-"""The exception types a run ends with.
+"""How a run reports what went wrong: two exception types and one channel for warnings.
 
 Library code raises :class:`UsageError` with a single-line, fix-it message; the CLI turns it
 into one line on stderr and exit code 2 (never a traceback). :class:`TrainingError` is a run
 that cannot go on (a non-finite loss): one line, exit code 1.
+
+Most errors are *collective*: every rank reaches the same conclusion (the ranks agree on bad
+flags before the first collective; every rank sees the same global loss), so rank 0 alone
+prints. An error found by one rank alone in the middle of training (an unreadable image in its
+slice) carries ``rank``: that rank prints it, and the job is aborted so that no rank waits in a
+collective for it.
+
+:class:`WarningLog` is the one place warnings go: each distinct message once, printed by the
+loop on rank 0.
 """
+
+from __future__ import annotations
 
 
 class UsageError(ValueError):
@@ -11,8 +22,33 @@ class UsageError(ValueError):
 
     exit_code = 2
 
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank  # set when only this rank knows (see the module doc)
+
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the message is one line. Raised on every rank."""
 
     exit_code = 1
+    rank = None
+
+
+class WarningLog:
+    """Distinct warnings, each reported once: ``warn`` adds, ``drain`` hands out what is new."""
+
+    def __init__(self):
+        self._seen: set[str] = set()
+        self._new: list[str] = []
+
+    def warn(self, message: str | None) -> None:
+        if message and message not in self._seen:
+            self._seen.add(message)
+            self._new.append(message)
+
+    def drain(self) -> list[str]:
+        new, self._new = self._new, []
+        return new
+
+    def __contains__(self, message: str) -> bool:
+        return message in self._seen

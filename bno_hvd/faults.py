@@ -10,14 +10,10 @@
                       (a broken sensor: the allocation must not be poisoned by it).
 
 The faults are real (a real signal, real NaNs through Horovod and the control plane); only
-*when* they happen is chosen, so that tests can place them between checkpoints.
-
-Usage::
-
-    faults = FaultInjector.parse("kill:2:25", rank).attach(balancer)
-    faults.at_update(step.update)           # may not return
-    loss = faults.poison_loss(loss, step.update)
+*when* they happen is chosen, so that tests can place them between checkpoints. The injector
+is a :class:`bno_hvd.hooks.Hook`, built only when the flag is set.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +22,7 @@ import signal
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .hooks import Hook
 
 KINDS = ("kill", "nan-loss", "nan-metrics")
 
@@ -46,22 +43,24 @@ def parse_faults(spec: str | None) -> list[Fault]:
     faults = []
     for entry in spec.split(","):
         parts = entry.strip().split(":")
-        if len(parts) != 3 or parts[0] not in KINDS or not all(p.isdigit() for p in parts[1:]):
-            raise UsageError(f"--inject-fault entry {entry.strip()!r}: use KIND:RANK:UPDATE with KIND one of "
-                             f"{', '.join(KINDS)}, e.g. kill:2:25")
+        if len(parts) != 3 or parts[0] not in KINDS or not all(p.isascii() and p.isdigit() for p in parts[1:]):
+            raise UsageError(
+                f"--inject-fault entry {entry.strip()[:40]!r}: use KIND:RANK:UPDATE with KIND one of "
+                f"{', '.join(KINDS)}, e.g. kill:2:25"
+            )
         faults.append(Fault(parts[0], int(parts[1]), int(parts[2])))
     return faults
 
 
-class FaultInjector:
-    """The faults of one rank. With no faults every method is a no-op."""
+class FaultInjector(Hook):
+    """The faults of one rank, as a hook."""
 
     def __init__(self, faults: list[Fault], rank: int):
         self.rank = rank
         self.faults = [f for f in faults if f.rank == rank]
 
     @classmethod
-    def parse(cls, spec: str | None, rank: int) -> "FaultInjector":
+    def parse(cls, spec: str | None, rank: int) -> FaultInjector:
         return cls(parse_faults(spec), rank)
 
     def _at(self, kind: str, update: int) -> bool:
@@ -70,26 +69,20 @@ class FaultInjector:
     def _from(self, kind: str, update: int) -> bool:
         return any(f.kind == kind and update >= f.update for f in self.faults)
 
-    def at_update(self, update: int) -> None:
+    def before_compute(self, step) -> None:
         """Start of an update: a ``kill`` fault ends this process here with SIGKILL."""
-        if self._at("kill", update):
+        if self._at("kill", step.update):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def poison_loss(self, loss, update: int):
+    def loss(self, loss, step):
         """The loss, or NaN times it for a ``nan-loss`` fault (keeps the autograd graph)."""
-        return loss * float("nan") if self._at("nan-loss", update) else loss
+        return loss * float("nan") if self._at("nan-loss", step.update) else loss
 
-    def attach(self, balancer) -> "FaultInjector":
-        """With a ``nan-metrics`` fault, make ``balancer``'s reports non-finite from its update on."""
-        if any(f.kind == "nan-metrics" for f in self.faults):
-            honest = balancer.report
+    def report(self, report, update: int):
+        """From a ``nan-metrics`` fault's update on, report NaN throughput and memory.
 
-            def report():
-                # Decided at report time: the rebalance after update U-1 is the first one affected.
-                rep = honest()
-                if self._from("nan-metrics", balancer.update):
-                    rep = dataclasses.replace(rep, ops=float("nan"), memory_used=float("nan"))
-                return rep
-
-            balancer.report = report
-        return self
+        ``update`` is the number of updates done: the rebalance after update U-1 is the first one
+        affected."""
+        if self._from("nan-metrics", update):
+            return dataclasses.replace(report, ops=float("nan"), memory_used=float("nan"))
+        return report

@@ -23,10 +23,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
+from bno_hvd.atomic import write_text_atomic
 from bno_hvd.errors import UsageError
+from bno_hvd.parsing import SLOTS
 
 _SLOTS = re.compile(r"slots=(\S*)")
 # horovodrun joins hosts as "name:slots,name:slots", so these characters cannot be in a name.
@@ -53,7 +55,9 @@ def parse_hostfile(path) -> list[HostSlots]:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise UsageError(f"hostfile {path}: cannot read it ({reason}); give a text file of 'hostname slots=N' lines") from None
+        raise UsageError(
+            f"hostfile {path}: cannot read it ({reason}); give a text file of 'hostname slots=N' lines"
+        ) from None
 
     hosts: list[HostSlots] = []
     first_line: dict[str, int] = {}
@@ -90,10 +94,16 @@ def _parse_line(tokens: list[str], where: str) -> HostSlots:
     if match is None:
         raise UsageError(f"{where}: unexpected {tokens[1]!r} after {name!r}; write '{name} slots=N'")
     if len(tokens) > 2:
-        raise UsageError(f"{where}: unexpected {' '.join(tokens[2:])!r} after 'slots=N'; remove it or make it a '#' comment")
+        raise UsageError(
+            f"{where}: unexpected {' '.join(tokens[2:])!r} after 'slots=N'; remove it or make it a '#' comment"
+        )
     value = match.group(1)
     if not re.fullmatch(r"[0-9]+", value) or int(value) <= 0:
-        raise UsageError(f"{where}: bad slot count {value!r}; slots must be a positive integer, e.g. '{name} slots=2'")
+        raise UsageError(
+            f"{where}: bad slot count {value[:20]!r}; slots must be a positive integer, e.g. '{name} slots=2'"
+        )
+    if len(value) > 9 or int(value) > SLOTS.high:
+        raise UsageError(f"{where}: slot count {value[:20]} is too large; slots must be {SLOTS.describe()}")
     return HostSlots(name, int(value))
 
 
@@ -115,9 +125,7 @@ def check_hosts_resolvable(hosts: Iterable[HostSlots | str]) -> None:
 
 def write_clean_hostfile(hosts: Iterable[HostSlots], path) -> None:
     """Write ``hosts`` as ``hostname slots=N`` lines, no blanks or comments: what horovodrun can parse."""
-    text = "".join(f"{h.hostname} slots={h.slots}\n" for h in hosts)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_text_atomic(path, "".join(f"{h.hostname} slots={h.slots}\n" for h in hosts))
 
 
 def total_slots(hosts: Iterable[HostSlots]) -> int:

@@ -1,42 +1,57 @@
-"""Models for 1-channel 28x28 images (Fashion-MNIST, MNIST, synthetic) with 10 classes.
+"""Models: the baseline CNN, any torchvision classification model, or the user's own.
+
+``--model`` takes
 
 - ``cnn``: :class:`BaselineCNN`, small and deterministic (no dropout, no batch-norm), so multi-rank
-  training can be compared exactly against one process training on the global batch.
-- ``alexnet``, ``resnet50``, ``vgg16``: the unchanged torchvision architectures (``weights=None``,
-  never a download), behind :class:`GrayscaleAdapter`. The adapter repeats the gray channel to the
-  3 channels the stem expects (so parameter counts are torchvision's, apart from the 10-class head)
-  and, only where the architecture cannot take 28x28, bilinearly resizes to the smallest side it
-  accepts (found empirically, see ``tests/test_models.py``):
+  training can be compared exactly against one process training on the global batch;
+- any torchvision classification model by name (``resnet18``, ``alexnet``, ``vgg16``, ...:
+  ``torchvision.models.list_models(module=torchvision.models)``), with random weights (never a
+  download);
+- ``package.module:function``: the user's own; ``function(num_classes=N)`` (or ``function()`` if it
+  takes no ``num_classes``) must return an ``nn.Module`` mapping the dataset's image batches to
+  logits. It gets the images exactly as the dataset gives them.
+
+Inputs (the built-in and torchvision models; :class:`InputAdapter`):
+
+- channels: a 1-channel dataset (Fashion-MNIST) feeds the gray channel to all 3 inputs of a
+  torchvision stem (a view, no copy, so parameter counts are torchvision's apart from the head);
+  a 3-channel dataset feeds the CNN the mean of its channels;
+- size: images go in at the dataset's size, unless the architecture cannot take it; then they are
+  bilinearly resized to the smallest side it accepts, found by trying (a batch of one sample in
+  training mode, because an uneven allocation can give a rank one sample and batch-norm needs more
+  than one value per channel). For 28x28 images, measured (``tests/test_models.py``):
 
   ========  ==========  ==============================================================
   model     input side  why
   ========  ==========  ==============================================================
   alexnet   63          stride-4 stem and three 3x3/2 max-pools; 62 collapses to 0x0
   resnet50  33          at 28-32 layer4's maps are 1x1, so batch-norm fails on a 1-sample
-                        batch (one value per channel) - and uneven allocations do give a rank
-                        one sample; at 33 they are 2x2
+                        batch; at 33 they are 2x2
   vgg16     32          five 2x2/2 max-pools; 28 collapses to 0x0 after the fifth
   ========  ==========  ==============================================================
 
 Usage::
 
-    model = build_model("resnet50")
-    logits = model(images)  # images [N, 1, 28, 28] -> logits [N, 10]
+    model = build_model("resnet18", num_classes=10, input_shape=(1, 28, 28))
 """
 
 from __future__ import annotations
+
+import importlib
+import inspect
 
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from bno_hvd.catalog import MODEL_NAMES
 from bno_hvd.errors import UsageError
 
-from bno_hvd.catalog import MODEL_NAMES  # noqa: E402  (one definition, torch-free)
-
-# Input side each torchvision model gets; None = feed 28x28 unchanged.
+# Input side each built-in torchvision model needs for 28x28 images (what the probe finds).
 TORCHVISION_INPUT_SIDE = {"alexnet": 63, "resnet50": 33, "vgg16": 32}
+MNIST_SHAPE = (1, 28, 28)
+MAX_SIDE = 512
 
 
 class BaselineCNN(nn.Module):
@@ -60,36 +75,125 @@ class BaselineCNN(nn.Module):
         return self.fc2(x)
 
 
-class GrayscaleAdapter(nn.Module):
-    """Feed [N, 1, H, W] images to a 3-channel torchvision ``net``, resized to ``side`` if given."""
+class InputAdapter(nn.Module):
+    """Feed [N, C, H, W] images to ``net``, which takes ``channels`` channels and (if ``side`` is
+    set) square images of that side: see the module doc."""
 
-    def __init__(self, net: nn.Module, side: int | None):
+    def __init__(self, net: nn.Module, side: int | None, channels: int = 3):
         super().__init__()
         self.net = net
         self.side = side
+        self.channels = channels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.side is not None and x.shape[-1] != self.side:
+        if self.side is not None and (x.shape[-1] != self.side or x.shape[-2] != self.side):
             x = F.interpolate(x, size=(self.side, self.side), mode="bilinear", align_corners=False)
-        # expand is a view of the gray channel; repeat would copy the batch three times.
-        return self.net(x.expand(-1, 3, -1, -1))
+        if x.shape[1] != self.channels:
+            # expand is a view of the gray channel; repeat would copy the batch three times
+            x = x.expand(-1, self.channels, -1, -1) if x.shape[1] == 1 else x.mean(1, keepdim=True)
+        return self.net(x)
 
     def extra_repr(self) -> str:
-        return f"side={self.side}"
+        return f"side={self.side}, channels={self.channels}"
 
 
-def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """Build model ``name`` (one of :data:`MODEL_NAMES`) with random weights for 1x28x28 inputs.
+def build_model(spec: str, num_classes: int = 10, input_shape: tuple[int, int, int] = MNIST_SHAPE) -> nn.Module:
+    """The model ``spec`` names, with random weights, for images of ``input_shape`` (C, H, W).
 
-    Returns an ``nn.Module`` mapping float images [N, 1, 28, 28] to logits [N, num_classes].
-    Raises :class:`UsageError` for an unknown name or a non-positive ``num_classes``.
+    Raises :class:`UsageError` for an unknown name, a ``module:function`` that does not import or
+    does not return a Module, or a non-positive ``num_classes``.
     """
-    if name not in MODEL_NAMES:
-        raise UsageError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     if num_classes < 1:
         raise UsageError(f"num_classes must be at least 1, got {num_classes}")
-    if name == "cnn":
-        return BaselineCNN(num_classes)
-    # weights=None: random init and never a download (cluster nodes may be offline).
-    net = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
-    return GrayscaleAdapter(net, TORCHVISION_INPUT_SIDE[name])
+    channels, height, width = input_shape
+    if ":" in spec:
+        return _user_model(spec, num_classes)
+    if spec == "cnn":
+        net = BaselineCNN(num_classes)
+        return net if tuple(input_shape) == MNIST_SHAPE else InputAdapter(net, 28, channels=1)
+    if spec not in torchvision_models():
+        raise UsageError(
+            f"--model {spec!r} is not one of {', '.join(MODEL_NAMES)}, a torchvision classification "
+            "model (e.g. resnet18) or package.module:function"
+        )
+    net = _torchvision(spec, num_classes)
+    if spec in TORCHVISION_INPUT_SIDE and tuple(input_shape) == MNIST_SHAPE:
+        side = TORCHVISION_INPUT_SIDE[spec]
+    else:
+        side = smallest_side(lambda: _torchvision(spec, num_classes), max(height, width), spec)
+    return InputAdapter(net, side if side != height or height != width else None, channels=3)
+
+
+def torchvision_models() -> list[str]:
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def smallest_side(make, side: int, name: str) -> int:
+    """The smallest square side >= ``side`` on which a fresh ``make()`` runs a 1-sample training batch."""
+    probe = make().train()
+
+    def works(s: int) -> bool:
+        try:
+            with torch.no_grad():
+                probe(torch.zeros(1, 3, s, s))
+            return True
+        except (RuntimeError, ValueError, AssertionError):
+            return False
+
+    if works(side):
+        return side
+    bad, good = side, None
+    s = side
+    while s < MAX_SIDE:
+        s = min(MAX_SIDE, 2 * s)
+        if works(s):
+            good = s
+            break
+        bad = s
+    if good is None:
+        raise UsageError(
+            f"--model {name} does not run on images of side {side} to {MAX_SIDE}; "
+            "use --image-size (imagefolder) or another model"
+        )
+    while good - bad > 1:  # bisection; keep the doubling result if the sizes that work are not contiguous
+        mid = (bad + good) // 2
+        if works(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _torchvision(name: str, num_classes: int) -> nn.Module:
+    builder = torchvision.models.get_model_builder(name)
+    extra = {"aux_logits": False} if "aux_logits" in inspect.signature(builder).parameters else {}
+    if name == "inception_v3":
+        extra["init_weights"] = True
+    return builder(weights=None, num_classes=num_classes, **extra)
+
+
+def _user_model(spec: str, num_classes: int) -> nn.Module:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr or not module_name.replace(".", "").replace("_", "").isalnum():
+        raise UsageError(f"--model {spec!r}: write package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - an import can fail in any way
+        raise UsageError(
+            f"--model {spec}: cannot import {module_name} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); is it on PYTHONPATH?"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UsageError(f"--model {spec}: {module_name} has no function {attr!r}")
+    try:
+        takes_classes = "num_classes" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_classes = False
+    try:
+        net = fn(num_classes=num_classes) if takes_classes else fn()
+    except Exception as err:  # noqa: BLE001
+        raise UsageError(f"--model {spec}: calling it failed ({type(err).__name__}: {str(err)[:200]})") from None
+    if not isinstance(net, nn.Module):
+        raise UsageError(f"--model {spec} returned {type(net).__name__}, not a torch.nn.Module")
+    return net

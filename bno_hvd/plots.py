@@ -1,20 +1,21 @@
-"""PNG figures (matplotlib, Agg backend: no display needed)."""
+"""PNG figures (matplotlib, Agg backend: no display needed), written atomically."""
+
 from __future__ import annotations
 
-import os
+from .atomic import atomic_write
 
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
 def _save(fig, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=110), binary=True)
 
 
 def _finish(fig, ax, path: str, *, xlabel: str | None, ylabel: str, title: str, grid: str = "both") -> None:
@@ -30,15 +31,16 @@ def _finish(fig, ax, path: str, *, xlabel: str | None, ylabel: str, title: str, 
     _pyplot().close(fig)
 
 
-def plot_update_times(series: dict[str, list[dict]], path: str, *, title: str, markers=(), smooth: int = 10) -> None:
-    """Weight-update time per update, one line per strategy (moving average over ``smooth``)."""
+def plot_update_times(series: dict[str, list], path: str, *, title: str, markers=(), smooth: int = 10) -> None:
+    """Weight-update time per update (``UpdateRecord`` lists), one line per strategy (moving average
+    over ``smooth``)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.8))
     for name, records in series.items():
-        t = [r["weight_update_time"] * 1e3 for r in records]
+        t = [r.weight_update_time * 1e3 for r in records]
         k = max(1, min(smooth, len(t)))
-        avg = [sum(t[max(0, i - k + 1):i + 1]) / len(t[max(0, i - k + 1):i + 1]) for i in range(len(t))]
-        ax.plot([r["update"] for r in records], avg, label=name, linewidth=1.4)
+        avg = [sum(t[max(0, i - k + 1) : i + 1]) / len(t[max(0, i - k + 1) : i + 1]) for i in range(len(t))]
+        ax.plot([r.update for r in records], avg, label=name, linewidth=1.4)
     for m in markers:
         ax.axvline(m, color="grey", linestyle="--", linewidth=0.8)
     _finish(fig, ax, path, xlabel="update", ylabel=f"weight-update time (ms, moving avg of {smooth})", title=title)
@@ -50,13 +52,26 @@ def plot_block_averages(series: dict[str, list], path: str, *, title: str, every
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for name, blocks in series.items():
-        ax.plot([b.block for b in blocks], [b.mean_weight_update_time for b in blocks],
-                marker="o", markersize=3.5, linewidth=1.4, label=name)
+        ax.plot(
+            [b.block for b in blocks],
+            [b.mean_weight_update_time for b in blocks],
+            marker="o",
+            markersize=3.5,
+            linewidth=1.4,
+            label=name,
+        )
     from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(bottom=0)
-    _finish(fig, ax, path, xlabel=f"weight updates (x{every})",
-            ylabel=f"average weight-update time (s, per {every} updates)", title=title)
+    _finish(
+        fig,
+        ax,
+        path,
+        xlabel=f"weight updates (x{every})",
+        ylabel=f"average weight-update time (s, per {every} updates)",
+        title=title,
+    )
 
 
 def plot_summary_bars(means: dict[str, dict[str, float]], path: str, *, title: str) -> None:
@@ -85,9 +100,49 @@ def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, targe
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for name, evals in series.items():
-        ax.plot([e["time"] for e in evals], [100 * e["accuracy"] for e in evals],
-                marker="o", markersize=3, linewidth=1.4, label=name)
+        ax.plot(
+            [e["time"] for e in evals],
+            [100 * e["accuracy"] for e in evals],
+            marker="o",
+            markersize=3,
+            linewidth=1.4,
+            label=name,
+        )
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle="--", linewidth=0.8, label=f"target {100 * target:g}%")
-    _finish(fig, ax, path, xlabel="training wall time (s, evaluation excluded)", ylabel="test accuracy (%)",
-            title=title)
+    _finish(
+        fig, ax, path, xlabel="training wall time (s, evaluation excluded)", ylabel="test accuracy (%)", title=title
+    )
+
+
+def plot_stragglers(rank_steps: list, path: str, *, title: str, smooth: int = 5) -> None:
+    """One row per rank, over updates: its compute time and the time it waited for the others
+    (its sync time minus the shortest sync of that update, which is the allreduce itself: the
+    last rank to arrive waits least). ``rank_steps``: every rank's ``RankStep`` list."""
+    import numpy as np
+
+    plt = _pyplot()
+    n = min(len(s) for s in rank_steps)
+    compute = np.array([[s.compute for s in steps[:n]] for steps in rank_steps]) * 1e3
+    sync = np.array([[s.sync for s in steps[:n]] for steps in rank_steps]) * 1e3
+    waited = sync - sync.min(axis=0)
+    k = max(1, min(smooth, n))
+    kernel = np.ones(k) / k
+    updates = np.arange(n)
+    fig, axes = plt.subplots(len(rank_steps), 1, figsize=(9, 1.2 + 1.15 * len(rank_steps)), sharex=True, squeeze=False)
+    top = float(max(1e-9, (compute + waited).max()))
+    for r, ax in enumerate(axes[:, 0]):
+        c = np.convolve(compute[r], kernel, mode="same")
+        w = np.convolve(waited[r], kernel, mode="same")
+        ax.fill_between(updates, 0, c, color="tab:blue", linewidth=0, label="compute")
+        ax.fill_between(updates, c, c + w, color="tab:orange", linewidth=0, label="waiting for others")
+        ax.set_ylim(0, top * 1.05)
+        ax.set_ylabel(f"rank {r}\nms", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=2)
+    axes[0, 0].set_title(title, fontsize=9)
+    axes[-1, 0].set_xlabel(f"update (moving average of {k})")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)

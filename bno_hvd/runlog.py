@@ -1,4 +1,6 @@
-"""Rank 0's outputs: one JSON line per update, run metadata, and a progress bar."""
+"""Rank 0's outputs: one JSON line per update (:class:`UpdateRecord`), run metadata, a progress bar,
+and the check that output paths can be written before a run starts."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +8,9 @@ import os
 import sys
 import time
 
+from .atomic import atomic_write, write_json_atomic
 from .errors import UsageError
+from .records import UpdateRecord
 
 
 class UpdateLog:
@@ -29,24 +33,14 @@ class UpdateLog:
                 _truncate_updates(path, keep_before)
             self._fh = open(path, "a" if append else "w", buffering=1)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: UpdateRecord) -> None:
         if self._fh is not None:
-            self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._fh.write(json.dumps(record.to_dict(), separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Write JSON through a temporary file and a rename: readers never see half a file."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _truncate_updates(path: str, keep_before: int) -> None:
@@ -60,26 +54,27 @@ def _truncate_updates(path: str, keep_before: int) -> None:
                 continue
             if isinstance(record, dict) and isinstance(record.get("update"), int) and record["update"] < keep_before:
                 kept.append(json.dumps(record, separators=(",", ":")) + "\n")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.writelines(kept)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: fh.writelines(kept))
 
 
-def check_output_paths(log_dir: str | None = None, checkpoint_dir: str | None = None,
-                       save_model: str | None = None) -> None:
+def check_output_paths(
+    log_dir: str | None = None, checkpoint_dir: str | None = None, save_model: str | None = None
+) -> None:
     """Raise :class:`UsageError` unless each given output location can be created and written.
 
     Checked before training starts (nothing is created), so a typo costs one line, not a run.
     """
-    for flag, directory in (("--log-dir", log_dir), ("--checkpoint-dir", checkpoint_dir),
-                            ("--save-model", os.path.dirname(os.path.abspath(save_model)) if save_model else None)):
+    for flag, directory in (
+        ("--log-dir", log_dir),
+        ("--checkpoint-dir", checkpoint_dir),
+        ("--save-model", os.path.dirname(os.path.abspath(save_model)) if save_model else None),
+    ):
         if directory:
             _check_writable_dir(directory, flag, save_model if flag == "--save-model" else directory)
     if save_model and os.path.isdir(save_model):
-        raise UsageError(f"--save-model {save_model} is a directory; give a file name such as {os.path.join(save_model, 'model.pt')}")
+        raise UsageError(
+            f"--save-model {save_model} is a directory; give a file name such as {os.path.join(save_model, 'model.pt')}"
+        )
 
 
 def _check_writable_dir(directory: str, flag: str, shown: str) -> None:
@@ -93,48 +88,75 @@ def _check_writable_dir(directory: str, flag: str, shown: str) -> None:
         raise UsageError(f"{flag} {shown}: {probe} is not writable; choose a directory you can write to")
 
 
-def read_updates(log_dir: str) -> list[dict]:
-    """The per-update records a run wrote (a torn last line is skipped)."""
+def read_updates(log_dir: str) -> list[UpdateRecord]:
+    """The per-update records a run wrote (a torn or foreign line is skipped)."""
     out = []
     with open(os.path.join(log_dir, "updates.jsonl")) as fh:
         for line in fh:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                out.append(UpdateRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, AttributeError):
                 continue
     return out
 
 
 class Progress:
-    """A one-line progress bar on stderr: updates, samples/s, current batch sizes.
+    """Rank 0's progress: a tqdm bar on a terminal; elsewhere (a log file, mpirun's pipes) the
+    same text as a line every ~10% of the run. Shows updates, samples/s, loss and batch sizes."""
 
-    On a terminal it redraws in place; otherwise it prints a line every ~10%.
-    """
-
-    def __init__(self, total: int, enabled: bool = True, label: str = "train", stream=None):
-        self.total = total
-        self.enabled = enabled
-        self.label = label
+    def __init__(self, total: int, enabled: bool = True, label: str = "train", stream=None, start: int = 0):
+        self.total, self.enabled, self.label = total, enabled, label
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self._last_pct = -1
+        self.start = start
         self._t0 = time.perf_counter()
         self._samples = 0
+        self._last_tenth = -1
+        self._bar = None
+        if enabled and _isatty(self.stream):
+            from tqdm import tqdm
 
-    def update(self, done: int, samples: int, batch_sizes: list[int], loss: float) -> None:
+            self._bar = tqdm(
+                total=total, initial=start, desc=label, unit="update", file=self.stream, dynamic_ncols=True, leave=True
+            )
+
+    def update(self, record) -> None:
+        """After an update: ``record`` is its :class:`UpdateRecord`."""
         if not self.enabled:
             return
-        self._samples += samples
+        self._samples += record.global_batch
+        done = record.update + 1
         rate = self._samples / max(1e-9, time.perf_counter() - self._t0)
-        pct = int(100 * done / self.total)
-        width = 24
-        bar = "#" * (width * done // self.total) + "-" * (width - width * done // self.total)
-        line = (f"{self.label} [{bar}] {done}/{self.total} {rate:7.1f} samples/s "
-                f"loss {loss:.4f} batch {','.join(map(str, batch_sizes))}")
-        if self.tty:
-            self.stream.write("\r" + line + (" " * 4) + ("\n" if done == self.total else ""))
+        info = f"{rate:.1f} samples/s, loss {record.loss:.4f}, batch {','.join(map(str, record.batch_sizes))}"
+        if self._bar is not None:
+            self._bar.set_postfix_str(info, refresh=False)
+            self._bar.update(done - self._bar.n)
+            return
+        tenth = 10 * done // self.total
+        if tenth != self._last_tenth or done == self.total:
+            from tqdm import tqdm
+
+            meter = tqdm.format_meter(
+                done,
+                self.total,
+                time.perf_counter() - self._t0,
+                ncols=60,
+                ascii=True,
+                prefix=self.label,
+                unit="update",
+                initial=self.start,
+            )
+            self.stream.write(f"{meter} {info}\n")
             self.stream.flush()
-        elif pct // 10 != self._last_pct // 10 or done == self.total:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        self._last_pct = pct
+            self._last_tenth = tenth
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,4 +1,5 @@
 """Throughput arithmetic over a window of recent steps (pure: no clock, no communication)."""
+
 from __future__ import annotations
 
 from collections import deque

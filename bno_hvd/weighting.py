@@ -5,6 +5,7 @@ and summing the gradients over ranks (Horovod allreduce, ``op=Sum``) gives exact
 gradient over the whole global batch - the update one process would compute on it.
 (Horovod's ``prescale_factor`` must be equal on every rank, so the weight goes into the loss.)
 """
+
 from __future__ import annotations
 
 
@@ -21,8 +22,7 @@ def rank_weight(batch_sizes: list[int], rank: int) -> float:
     return sample_weights(batch_sizes)[rank]
 
 
-def scaled_lr(base_lr: float, global_batch: int, n_ranks: int, base_batch_size: int,
-              rule: str = "linear") -> float:
+def scaled_lr(base_lr: float, global_batch: int, n_ranks: int, base_batch_size: int, rule: str = "linear") -> float:
     """Learning rate for a global batch that differs from ``n_ranks * base_batch_size``.
 
     ``linear``: lr * global / (N * B) (Goyal et al.'s linear scaling rule); ``none``: lr.

@@ -1,26 +1,21 @@
 """Shared helpers: start real mpirun/horovodrun jobs as subprocesses."""
+
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from bno_hvd import launching
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_mpi_yield_when_idle": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
 
 def mpi_env(extra=None):
-    env = dict(os.environ)
-    env.update(MPI_ENV)
+    """This environment with the project's MPI settings, the venv first on PATH, this checkout first on PYTHONPATH."""
+    env = launching.mpi_env()
     env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
@@ -29,8 +24,7 @@ def mpi_env(extra=None):
 
 def mpirun(np_, args, *, timeout=300, env=None, cwd=None):
     """Run ``args`` (a list) on ``np_`` ranks with plain mpirun; returns CompletedProcess."""
-    cmd = [shutil.which("mpirun") or "mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", "--tag-output"] + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=cwd or ROOT)
+    return launching.mpirun(np_, args, timeout=timeout, env=mpi_env(env), cwd=cwd or ROOT)
 
 
 def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
@@ -39,8 +33,7 @@ def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
         cmd += ["--hostfile", hostfile]
     else:
         cmd += ["-H", f"localhost:{np_}"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=mpi_env(env), cwd=ROOT)
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
 
 
 def python_cmd(*args):
@@ -53,12 +46,13 @@ def bno_cmd(*args):
 
 def run_cli(*args, timeout=120, env=None):
     """``bno-hvd ARGS`` in a plain (non-MPI) subprocess."""
-    return subprocess.run(bno_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          env=mpi_env(env), cwd=ROOT)
+    return subprocess.run(bno_cmd(*args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
 
 
 def assert_ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    )
 
 
 @pytest.fixture(scope="session")

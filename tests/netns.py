@@ -15,6 +15,7 @@ Usage::
     finally:
         net.destroy()
 """
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 def unavailable_reason() -> str | None:
     """Why this machine cannot run the namespace test, or None when it can."""
     if os.geteuid() != 0:
-        return "network namespaces need root (CAP_SYS_ADMIN/CAP_NET_ADMIN); running as uid %d" % os.geteuid()
+        return f"network namespaces need root (CAP_SYS_ADMIN/CAP_NET_ADMIN); running as uid {os.geteuid()}"
     for tool in ("ip", "tc"):
         if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode != 0:
             return f"`{tool}` (iproute2) is not installed"
@@ -63,16 +64,24 @@ class NetnsCluster:
         self.host_links = [f"{prefix}v{i}" for i in range(hosts)]  # root-namespace veth ends
         self.cidr = f"{subnet}.0/24"
 
-    def create(self) -> "NetnsCluster":
-        taken = [line.split()[1] for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
-                 if f" {self.subnet}." in line]
+    def create(self) -> NetnsCluster:
+        taken = [
+            line.split()[1]
+            for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
+            if f" {self.subnet}." in line
+        ]
         if taken:  # a second bridge on the subnet would make the routes to the hosts ambiguous
             namespaces = run("ip", "netns", "list", check=False).stdout.split()
             cleanup = "; ".join(f"ip link del {dev}" for dev in taken)
-            cleanup += "".join(f"; ip netns del {ns}" for ns in namespaces
-                               if any(dev.endswith("br") and ns.startswith(dev[:-2] + "h") for dev in taken))
-            raise NetnsError(f"subnet {self.cidr} is already in use on {', '.join(taken)} "
-                             f"(another test run, or a cluster left behind by a killed one: {cleanup})")
+            cleanup += "".join(
+                f"; ip netns del {ns}"
+                for ns in namespaces
+                if any(dev.endswith("br") and ns.startswith(dev[:-2] + "h") for dev in taken)
+            )
+            raise NetnsError(
+                f"subnet {self.cidr} is already in use on {', '.join(taken)} "
+                f"(another test run, or a cluster left behind by a killed one: {cleanup})"
+            )
         run("ip", "link", "add", self.bridge, "type", "bridge")
         run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         run("ip", "link", "set", self.bridge, "up")
@@ -95,14 +104,27 @@ class NetnsCluster:
             listener.bind((f"{self.subnet}.254", 0))
             listener.listen(len(self.namespaces))
             port = listener.getsockname()[1]
-            code = ("import socket,sys,time\n"
-                    "for _ in range(int(sys.argv[3])):\n"
-                    "    try: socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close(); break\n"
-                    "    except OSError: time.sleep(0.2)\n"
-                    "else: sys.exit(1)\n")
+            code = (
+                "import socket,sys,time\n"
+                "for _ in range(int(sys.argv[3])):\n"
+                "    try: socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close(); break\n"
+                "    except OSError: time.sleep(0.2)\n"
+                "else: sys.exit(1)\n"
+            )
             for ns, addr in zip(self.namespaces, self.addresses):
-                proc = run("ip", "netns", "exec", ns, sys.executable, "-c", code, f"{self.subnet}.254",
-                           str(port), str(int(timeout / 0.2)), check=False)
+                proc = run(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    "-c",
+                    code,
+                    f"{self.subnet}.254",
+                    str(port),
+                    str(int(timeout / 0.2)),
+                    check=False,
+                )
                 if proc.returncode != 0:
                     raise NetnsError(f"host {addr} ({ns}) cannot reach the bridge: {proc.stderr.strip()}")
                 listener.accept()[0].close()
@@ -118,8 +140,21 @@ class NetnsCluster:
 
     def limit_rate(self, host: int, rate: str) -> None:
         """A real slow link: ``tbf`` on the host's veth (traffic towards that host)."""
-        run("tc", "qdisc", "add", "dev", self.host_links[host], "root", "tbf", "rate", rate,
-            "burst", "32kbit", "latency", "400ms")
+        run(
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            self.host_links[host],
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "32kbit",
+            "latency",
+            "400ms",
+        )
 
     def clear_rate(self, host: int) -> None:
         run("tc", "qdisc", "del", "dev", self.host_links[host], "root", check=False)

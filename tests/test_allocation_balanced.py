@@ -1,17 +1,29 @@
 """``balanced``: affine fits, equal-finish solve, caps, deadband, smoothing, latency, missing ranks."""
+
 import json
 
 import pytest
 
-from bno_hvd.allocation import (ClusterMetrics, UsageError, fit_affine, latency_offsets, make_strategy,
-                                solve_equal_finish)
+from bno_hvd.allocation import (
+    ClusterMetrics,
+    UsageError,
+    fit_affine,
+    latency_offsets,
+    make_strategy,
+    solve_equal_finish,
+)
 
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
 
 
 def metrics(ops, samples=(), max_batch=(), latency=ZERO_LAT):
-    return ClusterMetrics(ops=list(ops), memory_used=[1e9] * len(ops), latency=latency,
-                          compute_samples=[list(s) for s in samples], max_batch=list(max_batch))
+    return ClusterMetrics(
+        ops=list(ops),
+        memory_used=[1e9] * len(ops),
+        latency=latency,
+        compute_samples=[list(s) for s in samples],
+        max_batch=list(max_batch),
+    )
 
 
 def strategy(**options):
@@ -22,6 +34,7 @@ def strategy(**options):
 
 # -- fit_affine ------------------------------------------------------------------------------
 
+
 def test_fit_affine_recovers_exact_line():
     a, c = fit_affine([(10, 0.2), (20, 0.3), (40, 0.5)])
     assert a == pytest.approx(0.1) and c == pytest.approx(0.01)
@@ -29,8 +42,8 @@ def test_fit_affine_recovers_exact_line():
 
 def test_fit_affine_ignores_a_hiccup_but_follows_a_real_slowdown():
     steady = [(32, 0.32)] * 7
-    assert fit_affine(steady + [(32, 2.6)]) == (0.0, pytest.approx(0.01))       # one 8x hiccup
-    slowed = [(32, 0.32)] * 3 + [(32, 0.96)] * 5                                 # 3x, for good
+    assert fit_affine(steady + [(32, 2.6)]) == (0.0, pytest.approx(0.01))  # one 8x hiccup
+    slowed = [(32, 0.32)] * 3 + [(32, 0.96)] * 5  # 3x, for good
     assert fit_affine(slowed) == (0.0, pytest.approx(0.03))
 
 
@@ -86,6 +99,7 @@ def test_equal_finish_infeasible_raises():
 
 
 # -- BalancedStrategy ------------------------------------------------------------------------
+
 
 def test_speeds_one_one_one_third_split_proportional_to_speed():
     # c = [1, 1, 1, 3]/R, a = 0: b ∝ 1/c = [1, 1, 1, 1/3] -> G * [3, 3, 3, 1]/10.
@@ -161,7 +175,7 @@ def test_smoothing_converges_geometrically():
     assert s.c[3] == pytest.approx(0.013)
     for update in range(4, 24):
         got = s.rebalance(slow, [25] * 4, update)
-    assert s.c[3] == pytest.approx(0.014 - 0.004 * 0.5 ** 22)
+    assert s.c[3] == pytest.approx(0.014 - 0.004 * 0.5**22)
     assert got == [27, 27, 27, 19]  # b proportional to 1 / [.01, .01, .01, .014]: 26.9 x3, 19.2
 
 
@@ -169,8 +183,9 @@ def test_latency_moves_work_off_a_rank_on_a_slow_link():
     # Rank 3's round trips are 0.06 s, the others' 0 among themselves: mean 0.02 vs 0.06, so
     # rank 3's fixed cost grows by 0.04 s = 4 samples at c = 0.01: 4b - 4 = 100 -> b = 26.
     lat = [[0, 0, 0, 0.06], [0, 0, 0, 0.06], [0, 0, 0, 0.06], [0.06, 0.06, 0.06, 0]]
-    assert latency_offsets(ClusterMetrics([1] * 4, [1] * 4, lat).latency_array()).tolist() == \
-        pytest.approx([0, 0, 0, 0.04])
+    assert latency_offsets(ClusterMetrics([1] * 4, [1] * 4, lat).latency_array()).tolist() == pytest.approx(
+        [0, 0, 0, 0.04]
+    )
     assert strategy().rebalance(metrics([100] * 4, latency=lat), [25] * 4, 1) == [26, 26, 26, 22]
     assert strategy(latency_weight=0.0).rebalance(metrics([100] * 4, latency=lat), [25] * 4, 1) == [25] * 4
 

@@ -1,4 +1,5 @@
 """Baselines (equal, random, fixed, proportional, paramhub, lbbsp) and make_strategy validation."""
+
 import json
 
 import pytest

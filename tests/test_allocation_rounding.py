@@ -1,4 +1,5 @@
 """Largest-remainder rounding with bounds: exact sums, bounds respected, infeasible -> UsageError."""
+
 import pytest
 
 from bno_hvd.allocation import UsageError, round_to_total

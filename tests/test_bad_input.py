@@ -5,13 +5,14 @@ Most cases run the real ``bno-hvd`` command in-process through click's CliRunner
 case); a few run it as a real subprocess, and two under real horovodrun with 4 ranks, where the
 message must appear once (rank 0) and no rank may print a traceback or hang.
 """
+
 import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import bno_cmd, horovodrun, run_cli
 
 from bno_hvd.cli import main
-from conftest import bno_cmd, horovodrun, run_cli
 
 DRY = ["train", "--dry-run", "--world-size", "4", "--dataset", "synthetic", "--no-progress"]
 
@@ -53,7 +54,11 @@ CLI_CASES = [
     ("negative batch sizes", ["--strategy", "fixed", "--batch-sizes", "4,-2,4,4"], ["--batch-sizes", ">= 1"]),
     ("text batch sizes", ["--strategy", "fixed", "--batch-sizes", "a,b,c,d"], ["comma-separated integers"]),
     ("too few batch sizes", ["--strategy", "fixed", "--batch-sizes", "5,11,3"], ["3 entries but the job has 4 ranks"]),
-    ("too many batch sizes", ["--strategy", "fixed", "--batch-sizes", "1,1,1,1,1"], ["5 entries but the job has 4 ranks"]),
+    (
+        "too many batch sizes",
+        ["--strategy", "fixed", "--batch-sizes", "1,1,1,1,1"],
+        ["5 entries but the job has 4 ranks"],
+    ),
     ("fixed without sizes", ["--strategy", "fixed"], ["--strategy fixed needs --batch-sizes"]),
     ("sizes without fixed", ["--strategy", "equal", "--batch-sizes", "1,2,3,4"], ["only applies to --strategy fixed"]),
     ("too few speeds", ["--emulate-speed", "1,1,0.5"], ["--emulate-speed has 3 entries but the job has 4"]),
@@ -70,14 +75,29 @@ CLI_CASES = [
     ("nan latency interval", ["--latency-interval", "nan"], ["--latency-interval must be >= 0"]),
     ("global batch below ranks", ["--global-batch", "3"], ["--global-batch 3 is smaller than the 4 ranks"]),
     ("zero max batch", ["--max-batch", "0"], ["--max-batch must be a positive integer"]),
-    ("max batch below equal B", ["--strategy", "equal", "--base-batch-size", "16", "--max-batch", "8"],
-     ["--base-batch-size 16, above --max-batch 8"]),
-    ("global batch above caps", ["--base-batch-size", "16", "--max-batch", "8"], ["does not fit 4 ranks of --max-batch 8"]),
-    ("fixed above cap", ["--strategy", "fixed", "--batch-sizes", "1,2,3,9", "--max-batch", "8"], ["exceeds --max-batch 8"]),
+    (
+        "max batch below equal B",
+        ["--strategy", "equal", "--base-batch-size", "16", "--max-batch", "8"],
+        ["--base-batch-size 16, above --max-batch 8"],
+    ),
+    (
+        "global batch above caps",
+        ["--base-batch-size", "16", "--max-batch", "8"],
+        ["does not fit 4 ranks of --max-batch 8"],
+    ),
+    (
+        "fixed above cap",
+        ["--strategy", "fixed", "--batch-sizes", "1,2,3,9", "--max-batch", "8"],
+        ["exceeds --max-batch 8"],
+    ),
     ("zero world size", ["--world-size", "0"], ["--world-size must be a positive integer"]),
     ("checkpoint every without dir", ["--checkpoint-every", "5"], ["--checkpoint-every needs --checkpoint-dir"]),
     ("resume without dir", ["--resume"], ["--resume needs --checkpoint-dir"]),
-    ("zero kept checkpoints", ["--checkpoint-dir", "ck", "--keep-checkpoints", "0"], ["--keep-checkpoints must be a positive"]),
+    (
+        "zero kept checkpoints",
+        ["--checkpoint-dir", "ck", "--keep-checkpoints", "0"],
+        ["--keep-checkpoints must be a positive"],
+    ),
     ("bad fault spec", ["--inject-fault", "explode:1:2"], ["--inject-fault entry 'explode:1:2'"]),
 ]
 
@@ -91,14 +111,18 @@ def test_unreadable_paths(tmp_path):
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     assert_cli_error(cli(*DRY, "--log-dir", str(a_file / "logs")), "--log-dir", "is a file, not a directory")
-    assert_cli_error(cli(*DRY, "--checkpoint-dir", str(a_file), "--checkpoint-every", "5"), "--checkpoint-dir", "is a file")
+    assert_cli_error(
+        cli(*DRY, "--checkpoint-dir", str(a_file), "--checkpoint-every", "5"), "--checkpoint-dir", "is a file"
+    )
     assert_cli_error(cli(*DRY, "--save-model", str(tmp_path)), "--save-model", "is a directory")
     assert_cli_error(cli(*DRY, "--save-model", str(a_file / "m.pt")), "--save-model", "is a file, not a directory")
     assert_cli_error(cli(*DRY, "--emulate-schedule", str(tmp_path / "none.json")), "--emulate-schedule", "cannot read")
     bad_schedule = tmp_path / "schedule.json"
     bad_schedule.write_text("{not json")
     assert_cli_error(cli(*DRY, "--emulate-schedule", str(bad_schedule)), "--emulate-schedule", "not valid JSON")
-    assert_cli_error(cli(*DRY, "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")), "mnist: missing train-images")
+    assert_cli_error(
+        cli(*DRY, "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")), "mnist: missing train-images"
+    )
     assert_cli_error(cli(*DRY, "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)), "fashion-mnist: missing")
     # and the same pre-flight accepts what is right (nothing is created by it)
     ok = cli(*DRY, "--log-dir", str(tmp_path / "new" / "logs"), "--checkpoint-dir", str(tmp_path / "ck"))
@@ -128,6 +152,7 @@ def test_bad_hostfile(tmp_path, text, words):
 
 def test_blank_lines_and_comments_pass_and_the_clean_copy_suits_horovodrun(tmp_path):
     from horovod.runner.common.util.hosts import parse_hosts
+
     path, clean = tmp_path / "hostfile", tmp_path / "clean"
     path.write_text("# two entries\n\nlocalhost slots=2   # this box\n\n127.0.0.1 slots=2\n\n")
     result = cli("check-hostfile", str(path), "--np", "4", "--write-clean", str(clean))
@@ -146,8 +171,11 @@ def test_missing_hostfile():
 
 # -- metrics files (`bno-hvd allocate --metrics`) --------------------------------------------
 
-GOOD = {"ops": [100.0, 100.0, 50.0], "memory_used": [1e9, 1e9, 2e9],
-        "latency": [[0, 1e-4, 2e-4], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]}
+GOOD = {
+    "ops": [100.0, 100.0, 50.0],
+    "memory_used": [1e9, 1e9, 2e9],
+    "latency": [[0, 1e-4, 2e-4], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]],
+}
 
 
 def metrics(**changes):
@@ -166,12 +194,28 @@ METRICS_CASES = [
     ("non-square latency", metrics(latency=[[0, 1e-4], [1e-4, 0], [2e-4, 2e-4]]), ["latency must be square (3x3)"]),
     ("nan ops", metrics(ops=[100.0, float("nan"), 50.0]), ["ops[1] is nan"]),
     ("infinite memory", metrics(memory_used=[1e9, float("inf"), 1e9]), ["memory_used[1] is inf"]),
-    ("nan latency", metrics(latency=[[0, float("nan"), 2e-4], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]), ["latency[0][1] is nan"]),
+    (
+        "nan latency",
+        metrics(latency=[[0, float("nan"), 2e-4], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]),
+        ["latency[0][1] is nan"],
+    ),
     ("negative ops", metrics(ops=[100.0, -1.0, 50.0]), ["ops[1] is -1.0; values must be >= 0"]),
     ("negative memory", metrics(memory_used=[1e9, 1e9, -5.0]), ["memory_used[2] is -5.0"]),
-    ("negative latency", metrics(latency=[[0, -1e-4, 2e-4], [-1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]), ["latency[0][1] is -0.0001"]),
-    ("asymmetric latency", metrics(latency=[[0, 1e-4, 0.5], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]), ["latency is asymmetric at [0][2]"]),
-    ("non-zero diagonal", metrics(latency=[[0, 1e-4, 2e-4], [1e-4, 3e-4, 2e-4], [2e-4, 2e-4, 0]]), ["latency[1][1] is 0.0003; the diagonal must be 0"]),
+    (
+        "negative latency",
+        metrics(latency=[[0, -1e-4, 2e-4], [-1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]),
+        ["latency[0][1] is -0.0001"],
+    ),
+    (
+        "asymmetric latency",
+        metrics(latency=[[0, 1e-4, 0.5], [1e-4, 0, 2e-4], [2e-4, 2e-4, 0]]),
+        ["latency is asymmetric at [0][2]"],
+    ),
+    (
+        "non-zero diagonal",
+        metrics(latency=[[0, 1e-4, 2e-4], [1e-4, 3e-4, 2e-4], [2e-4, 2e-4, 0]]),
+        ["latency[1][1] is 0.0003; the diagonal must be 0"],
+    ),
     ("text in ops", metrics(ops=[100.0, "fast", 50.0]), ['ops[1] is "fast"']),
 ]
 
@@ -199,6 +243,7 @@ def test_unreadable_metrics_file(tmp_path):
 
 # -- the same through real processes --------------------------------------------------------
 
+
 def test_real_processes_print_one_line(tmp_path):
     proc = run_cli(*DRY, "--strategy", "fixed", "--batch-sizes", "5,11,3")
     assert_user_error(proc.returncode, proc.stdout, proc.stderr, "3 entries but the job has 4 ranks")
@@ -215,8 +260,25 @@ def rank_error_lines(proc):
 
 
 def test_horovodrun_bad_value_gives_one_message_and_no_traceback():
-    proc = horovodrun(4, bno_cmd("train", "--dataset", "synthetic", "--strategy", "fixed", "--batch-sizes", "5,11,3",
-                                 "--updates", "5", "--no-progress", "--no-eval", "--latency-interval", "0"), timeout=120)
+    proc = horovodrun(
+        4,
+        bno_cmd(
+            "train",
+            "--dataset",
+            "synthetic",
+            "--strategy",
+            "fixed",
+            "--batch-sizes",
+            "5,11,3",
+            "--updates",
+            "5",
+            "--no-progress",
+            "--no-eval",
+            "--latency-interval",
+            "0",
+        ),
+        timeout=120,
+    )
     assert proc.returncode != 0
     lines = rank_error_lines(proc)
     assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -229,8 +291,24 @@ def test_horovodrun_damaged_checkpoint_ends_every_rank(tmp_path):
     ckpt = tmp_path / "ck"
     ckpt.mkdir()
     (ckpt / "ckpt-00000010.pt").write_bytes(b"not a torch file")
-    proc = horovodrun(4, bno_cmd("train", "--dataset", "synthetic", "--updates", "20", "--no-progress", "--no-eval",
-                                 "--latency-interval", "0", "--checkpoint-dir", str(ckpt), "--resume"), timeout=120)
+    proc = horovodrun(
+        4,
+        bno_cmd(
+            "train",
+            "--dataset",
+            "synthetic",
+            "--updates",
+            "20",
+            "--no-progress",
+            "--no-eval",
+            "--latency-interval",
+            "0",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--resume",
+        ),
+        timeout=120,
+    )
     assert proc.returncode != 0
     lines = rank_error_lines(proc)
     assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,5 @@
 """A short real multi-rank bench run: checks the output's structure (never its speed)."""
+
 import csv
 import json
 
@@ -9,11 +10,34 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_bench_writes_table_json_csv_png(tmp_path):
     out = tmp_path / "bench"
-    proc = horovodrun(4, bno_cmd("bench", "--dataset", "synthetic", "--updates", "16", "--warmup", "4",
-                                 "--rebalance-every", "4", "--strategies", "equal,balanced,bno",
-                                 "--emulate-speed", "1,1,1,0.5", "--emulate-rate", "2000",
-                                 "--base-batch-size", "8", "--latency-interval", "1", "--no-progress",
-                                 "--out", str(out)), timeout=400)
+    proc = horovodrun(
+        4,
+        bno_cmd(
+            "bench",
+            "--dataset",
+            "synthetic",
+            "--updates",
+            "16",
+            "--warmup",
+            "4",
+            "--rebalance-every",
+            "4",
+            "--strategies",
+            "equal,balanced,bno",
+            "--emulate-speed",
+            "1,1,1,0.5",
+            "--emulate-rate",
+            "2000",
+            "--base-batch-size",
+            "8",
+            "--latency-interval",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ),
+        timeout=400,
+    )
     assert_ok(proc)
     assert "EMULATED heterogeneity: speeds 1,1,1,0.5" in proc.stdout
     records = json.loads((out / "bench.json").read_text())

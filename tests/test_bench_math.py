@@ -1,27 +1,42 @@
 """Benchmark arithmetic on hand-made logs with known answers."""
+
 import pytest
 
-from bno_hvd.bench import (control_seconds, ideal_throughput, recovery_intervals, rolling_efficiency,
-                           summarize, with_speedups)
+from bno_hvd.bench import (
+    control_seconds,
+    ideal_throughput,
+    recovery_intervals,
+    rolling_efficiency,
+    summarize,
+    with_speedups,
+)
+from bno_hvd.records import RankStep, UpdateRecord
 
 
 def make_log(cycle, batches, compute, rebalance_every=2, control=0.01):
     """Every update takes ``cycle`` s; rank r computes batches[r] in compute[r] s."""
     records, steps = [], [[] for _ in batches]
     for u in range(6):
-        records.append({"update": u, "global_batch": sum(batches), "weight_update_time": cycle,
-                        "time": (u + 1) * cycle, "batch_sizes": list(batches)})
+        records.append(
+            UpdateRecord(
+                update=u,
+                global_batch=sum(batches),
+                weight_update_time=cycle,
+                time=(u + 1) * cycle,
+                batch_sizes=list(batches),
+            )
+        )
         for r in range(len(batches)):
             reb = control * (r + 1) if (u + 1) % rebalance_every == 0 else 0.0
-            steps[r].append((batches[r], compute[r], reb))
+            steps[r].append(RankStep(batches[r], compute[r], rebalance=reb))
     return records, steps
 
 
 def test_summary_of_a_known_log():
     records, steps = make_log(0.5, [30, 10], [0.3, 0.5])
     s = summarize("x", records, steps, warmup=2)
-    assert s.samples_per_s == pytest.approx(80.0)          # 40 samples per 0.5 s
-    assert s.ideal_samples_per_s == pytest.approx(120.0)   # 30/0.3 + 10/0.5
+    assert s.samples_per_s == pytest.approx(80.0)  # 40 samples per 0.5 s
+    assert s.ideal_samples_per_s == pytest.approx(120.0)  # 30/0.3 + 10/0.5
     assert s.fraction_of_ideal == pytest.approx(80 / 120)
     # rebalances at updates 3 and 5 (after warm-up); the cheaper rank's time counts: 0.01 each
     assert control_seconds(steps, 2) == pytest.approx(0.02)
@@ -38,8 +53,8 @@ def test_speedups_relative_to_equal():
 
 
 def test_ideal_ignores_warmup():
-    steps = [[(10, 10.0), (10, 1.0)]]
-    assert ideal_throughput([[s + (0.0,) for s in steps[0]]], warmup=1) == 10.0
+    steps = [[RankStep(10, 10.0), RankStep(10, 1.0)]]
+    assert ideal_throughput(steps, warmup=1) == 10.0
 
 
 def test_recovery_counts_rebalance_intervals():

@@ -4,6 +4,7 @@ The exactness test trains the same 4-rank job twice: once straight through, once
 (rank 0 sends itself SIGKILL at update 25, after the checkpoint of update 20) and then resumed
 with ``--resume``. Both must end with the same parameters and the same per-update losses.
 """
+
 import json
 import os
 import signal
@@ -13,11 +14,12 @@ import time
 
 import pytest
 import torch
-
-from bno_hvd.checkpoint import (check_compatible, list_checkpoints, load_latest, save_checkpoint)
-from bno_hvd.errors import UsageError
-from bno_hvd.runlog import UpdateLog, read_updates
 from conftest import ROOT, assert_ok, bno_cmd, mpi_env, mpirun
+
+from bno_hvd.checkpoint import check_compatible, list_checkpoints, load_latest, save_checkpoint
+from bno_hvd.errors import UsageError
+from bno_hvd.records import UpdateRecord
+from bno_hvd.runlog import UpdateLog, read_updates
 
 # A state whose pickling stops half-way: the writer is killed inside torch.save, with the
 # temporary file open (torch writes the pickle, then the tensor bytes, into it).
@@ -87,21 +89,40 @@ def test_resuming_under_other_flags_is_refused():
 def test_update_log_drops_records_after_the_checkpoint_and_a_torn_line(tmp_path):
     log = UpdateLog(str(tmp_path), {"run": 1})
     for update in range(27):
-        log.write({"update": update, "loss": 1.0})
+        log.write(UpdateRecord(update, [1], 0.1, 1, 0.1 * update, loss=1.0))
     log.close()
     with open(tmp_path / "updates.jsonl", "a") as fh:
         fh.write('{"update": 27, "lo')  # the kill hit in the middle of a line
     log = UpdateLog(str(tmp_path), {"run": 2}, append=True, keep_before=20)
-    log.write({"update": 20, "loss": 2.0})
+    log.write(UpdateRecord(20, [1], 0.1, 1, 2.0, loss=2.0))
     log.close()
     records = read_updates(str(tmp_path))
-    assert [r["update"] for r in records] == list(range(21)) and records[-1]["loss"] == 2.0
+    assert [r.update for r in records] == list(range(21)) and records[-1].loss == 2.0
 
 
 # -- the real thing: 4 ranks, killed, resumed ----------------------------------------------
 
-RUN = ["train", "--dataset", "synthetic", "--strategy", "fixed", "--batch-sizes", "5,11,3,13", "--updates", "40",
-       "--dtype", "float64", "--lr", "0.05", "--seed", "3", "--no-eval", "--no-progress", "--latency-interval", "2"]
+RUN = [
+    "train",
+    "--dataset",
+    "synthetic",
+    "--strategy",
+    "fixed",
+    "--batch-sizes",
+    "5,11,3,13",
+    "--updates",
+    "40",
+    "--dtype",
+    "float64",
+    "--lr",
+    "0.05",
+    "--seed",
+    "3",
+    "--no-eval",
+    "--no-progress",
+    "--latency-interval",
+    "2",
+]
 
 
 def max_relative_difference(a, b):
@@ -113,13 +134,23 @@ def test_killed_and_resumed_run_ends_with_the_same_parameters(tmp_path):
     assert_ok(mpirun(4, bno_cmd(*RUN, "--save-model", str(ref_model), "--log-dir", str(ref_log)), timeout=240))
 
     model, log_dir, ckpt = tmp_path / "resumed.pt", tmp_path / "log", tmp_path / "ck"
-    flags = ["--save-model", str(model), "--log-dir", str(log_dir), "--checkpoint-dir", str(ckpt),
-             "--checkpoint-every", "10", "--keep-checkpoints", "2"]
+    flags = [
+        "--save-model",
+        str(model),
+        "--log-dir",
+        str(log_dir),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "10",
+        "--keep-checkpoints",
+        "2",
+    ]
     killed = mpirun(4, bno_cmd(*RUN, *flags, "--inject-fault", "kill:0:25"), timeout=240)
     assert killed.returncode != 0 and "signal 9" in killed.stdout + killed.stderr, killed.stderr[-2000:]
     assert not model.exists()
     assert [u for u, _ in list_checkpoints(str(ckpt))] == [10, 20]
-    assert [r["update"] for r in read_updates(str(log_dir))] == list(range(25))  # 20..24 will be redone
+    assert [r.update for r in read_updates(str(log_dir))] == list(range(25))  # 20..24 will be redone
 
     assert_ok(mpirun(4, bno_cmd(*RUN, *flags, "--resume"), timeout=240))
     assert json.loads((log_dir / "run.json").read_text())["resumed_from"] == 20
@@ -130,8 +161,8 @@ def test_killed_and_resumed_run_ends_with_the_same_parameters(tmp_path):
     identical = all(torch.equal(resumed[k], ref[k]) for k in ref)
     print(f"resume exactness: max relative difference {diff:.3e}, bitwise identical: {identical}")
     assert diff <= 1e-12
-    ref_losses = [r["loss"] for r in read_updates(str(ref_log))]
-    losses = [r["loss"] for r in read_updates(str(log_dir))]
+    ref_losses = [r.loss for r in read_updates(str(ref_log))]
+    losses = [r.loss for r in read_updates(str(log_dir))]
     assert len(losses) == 40  # every update exactly once, despite the kill
     assert losses == pytest.approx(ref_losses, rel=1e-12)
     assert ref_losses[-1] < ref_losses[0]  # it trained (not a comparison of two initialisations)

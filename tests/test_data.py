@@ -60,9 +60,9 @@ def test_idx_round_trip_images_and_labels(tmp_path, suffix):
 def test_idx_header_is_the_published_format(tmp_path):
     write_idx(tmp_path / "lab", np.array([7, 2], dtype=np.uint8))
     write_idx(tmp_path / "img.gz", np.zeros((1, 2, 3), dtype=np.uint8))
-    assert (tmp_path / "lab").read_bytes() == bytes.fromhex("00000801" "00000002" "0702")
+    assert (tmp_path / "lab").read_bytes() == bytes.fromhex("00000801000000020702")
     with gzip.open(tmp_path / "img.gz", "rb") as f:
-        assert f.read() == bytes.fromhex("00000803" "00000001" "00000002" "00000003") + bytes(6)
+        assert f.read() == bytes.fromhex("00000803000000010000000200000003") + bytes(6)
 
 
 def test_load_mnist_torchvision_layout_values_and_normalisation(tmp_path):
@@ -92,7 +92,7 @@ def test_load_mnist_files_directly_in_data_dir(tmp_path):
 
 def test_bad_magic_names_the_file(tmp_path):
     path = tmp_path / "bad"
-    path.write_bytes(bytes.fromhex("00000903" "00000001" "00000001" "00000001") + b"\x00")
+    path.write_bytes(bytes.fromhex("00000903000000010000000100000001") + b"\x00")
     with pytest.raises(UsageError, match="bad magic 0x00000903") as err:
         read_idx(path)
     assert str(path) in str(err.value)
@@ -114,7 +114,7 @@ def test_truncated_file_names_the_file(tmp_path, suffix):
 
 def test_header_only_and_empty_files_are_rejected(tmp_path):
     (tmp_path / "empty").write_bytes(b"")
-    (tmp_path / "header").write_bytes(bytes.fromhex("00000803" "00000001"))
+    (tmp_path / "header").write_bytes(bytes.fromhex("0000080300000001"))
     with pytest.raises(UsageError, match="truncated"):
         read_idx(tmp_path / "empty")
     with pytest.raises(UsageError, match="truncated"):
@@ -153,8 +153,9 @@ def test_unknown_names_list_the_choices(tmp_path):
         load_dataset("mnist", "train")
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
-                    reason=f"{FASHION_MNIST_DIR} missing: apt-get install dataset-fashion-mnist")
+@pytest.mark.skipif(
+    not os.path.isdir(FASHION_MNIST_DIR), reason=f"{FASHION_MNIST_DIR} missing: apt-get install dataset-fashion-mnist"
+)
 def test_real_fashion_mnist():
     train_images, train_labels = load_dataset("fashion-mnist", "train").tensors
     test_images, test_labels = load_dataset("fashion-mnist", "test").tensors

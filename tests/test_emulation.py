@@ -4,6 +4,7 @@ import pytest
 
 from bno_hvd.emulation import DeviceEmulator, load_schedule, parse_speeds
 from bno_hvd.errors import UsageError
+from bno_hvd.parsing import RankSchedule
 
 
 def test_parse_speeds():
@@ -16,7 +17,7 @@ def test_parse_speeds():
 
 
 def test_target_and_pre_wait():
-    emu = DeviceEmulator(rank=3, rate=200.0, schedule=[(0, [1, 1, 1, 0.25])])
+    emu = DeviceEmulator(rank=3, rate=200.0, schedule=RankSchedule.constant([1, 1, 1, 0.25]))
     assert emu.target_seconds(50, 0) == pytest.approx(1.0)
     assert emu.pre_wait(50, 0) == pytest.approx(1.0)  # nothing learned yet
     emu.record_real(50, 0.1, 0)
@@ -33,13 +34,16 @@ def test_schedule_changes_speed(tmp_path):
     assert emu.speed(199) == 1 and emu.speed(200) == 0.5
 
 
-@pytest.mark.parametrize("content,msg", [
-    ("not json", "not valid JSON"),
-    ("[]", "expected a JSON list"),
-    ('[{"update": 5, "speeds": [1, 1]}]', "first entry must be at update 0"),
-    ('[{"update": 0, "speeds": [1]}]', "1 entries but the job has 2 ranks"),
-    ('[{"update": 0}]', "needs keys"),
-])
+@pytest.mark.parametrize(
+    "content,msg",
+    [
+        ("not json", "not valid JSON"),
+        ("[]", "expected a JSON list"),
+        ('[{"update": 5, "speeds": [1, 1]}]', "first entry must be at update 0"),
+        ('[{"update": 0, "speeds": [1]}]', "1 entries but the job has 2 ranks"),
+        ('[{"update": 0}]', "needs keys"),
+    ],
+)
 def test_bad_schedules(tmp_path, content, msg):
     path = tmp_path / "s.json"
     path.write_text(content)

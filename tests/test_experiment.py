@@ -1,5 +1,6 @@
 """The paper's evaluation: per-block averages and time-to-accuracy (pure, hand-computed), then
 ``bno-hvd experiment`` end to end under a real horovodrun and ``bno-hvd report`` on its logs."""
+
 import csv
 import json
 import math
@@ -7,25 +8,44 @@ import os
 import shutil
 
 import pytest
-
-from bno_hvd.experiment import (AVERAGE_COLUMNS, SUMMARY_COLUMNS, accuracy_at_samples, block_averages,
-                                csv_cell, emulation_label, merge_experiment, summary_row, time_to_accuracy,
-                                with_final_eval)
 from conftest import assert_ok, bno_cmd, horovodrun, run_cli
 
+from bno_hvd.experiment import (
+    AVERAGE_COLUMNS,
+    SUMMARY_COLUMNS,
+    accuracy_at_samples,
+    block_averages,
+    csv_cell,
+    merge_experiment,
+    summary_row,
+    time_to_accuracy,
+    with_final_eval,
+)
+from bno_hvd.heterogeneity import label_of_run as emulation_label
+from bno_hvd.records import UpdateRecord
+
 # five updates: times 1,2,3,4,5 s back to back (so `time` is the running sum), batches 10,10,20,20,20
-RECORDS = [{"update": u, "weight_update_time": float(u + 1), "global_batch": b, "time": t, "batch_sizes": [b // 2, b // 2]}
-           for u, (b, t) in enumerate(zip([10, 10, 20, 20, 20], [1.0, 3.0, 6.0, 10.0, 15.0]))]
-EVALS = [{"update": 50, "samples": 500, "time": 10.0, "accuracy": 0.60},
-         {"update": 100, "samples": 1000, "time": 20.0, "accuracy": 0.84},
-         {"update": 150, "samples": 1500, "time": 30.0, "accuracy": 0.86}]
+RECORDS = [
+    UpdateRecord(update=u, weight_update_time=float(u + 1), global_batch=b, time=t, batch_sizes=[b // 2, b // 2])
+    for u, (b, t) in enumerate(zip([10, 10, 20, 20, 20], [1.0, 3.0, 6.0, 10.0, 15.0]))
+]
+EVALS = [
+    {"update": 50, "samples": 500, "time": 10.0, "accuracy": 0.60},
+    {"update": 100, "samples": 1000, "time": 20.0, "accuracy": 0.84},
+    {"update": 150, "samples": 1500, "time": 30.0, "accuracy": 0.86},
+]
 
 
 # --- pure arithmetic ----------------------------------------------------------------------
 
+
 def test_block_averages_by_hand():
     blocks = block_averages(RECORDS, 2)
-    assert [(b.block, b.first_update, b.last_update, b.updates) for b in blocks] == [(1, 0, 1, 2), (2, 2, 3, 2), (3, 4, 4, 1)]
+    assert [(b.block, b.first_update, b.last_update, b.updates) for b in blocks] == [
+        (1, 0, 1, 2),
+        (2, 2, 3, 2),
+        (3, 4, 4, 1),
+    ]
     assert [b.mean_weight_update_time for b in blocks] == [1.5, 3.5, 5.0]
     # block 1 runs from 0 s (start of update 0) to 3 s; block 2 from 3 s to 10 s; block 3 10 -> 15 s
     assert [b.samples_per_s for b in blocks] == pytest.approx([20 / 3, 40 / 7, 20 / 5])
@@ -43,7 +63,7 @@ def test_block_averages_one_block_and_every_update():
 def test_time_to_accuracy_first_evaluation_at_or_above_target():
     hit = time_to_accuracy(EVALS, 0.85)
     assert (hit.time, hit.update, hit.samples, hit.accuracy) == (30.0, 150, 1500, 0.86)
-    assert time_to_accuracy(EVALS, 0.84).time == 20.0      # reaching the target exactly counts
+    assert time_to_accuracy(EVALS, 0.84).time == 20.0  # reaching the target exactly counts
     assert time_to_accuracy(EVALS, 0.5).update == 50
     assert time_to_accuracy(EVALS, 0.9) is None
     assert time_to_accuracy([], 0.1) is None
@@ -52,8 +72,8 @@ def test_time_to_accuracy_first_evaluation_at_or_above_target():
 def test_final_evaluation_is_added_once():
     result = {"updates": 170, "samples": 1700, "wall_seconds": 34.0, "test_accuracy": 0.87}
     assert with_final_eval(EVALS, result)[-1] == {"update": 170, "samples": 1700, "time": 34.0, "accuracy": 0.87}
-    assert len(with_final_eval(EVALS, dict(result, updates=150))) == 3   # already evaluated there
-    assert with_final_eval([], {"updates": 5}) == []                     # --no-eval: nothing to add
+    assert len(with_final_eval(EVALS, dict(result, updates=150))) == 3  # already evaluated there
+    assert with_final_eval([], {"updates": 5}) == []  # --no-eval: nothing to add
 
 
 def test_accuracy_after_a_number_of_samples():
@@ -66,7 +86,9 @@ def test_emulation_label_says_emulated():
     assert emulation_label({"emulation": None}).startswith("no emulation")
     label = emulation_label({"emulation": {"schedule": [[0, [1, 1, 1, 0.33]]], "rate": 300.0}})
     assert label == "EMULATED heterogeneity: speeds 1,1,1,0.33, 300 samples/s at speed 1"
-    assert emulation_label({"emulation": {"schedule": [[0, [1, 1]], [9, [1, 0.5]]], "rate": 200}}).startswith("EMULATED")
+    assert emulation_label({"emulation": {"schedule": [[0, [1, 1]], [9, [1, 0.5]]], "rate": 200}}).startswith(
+        "EMULATED"
+    )
 
 
 def test_summary_row_by_hand():
@@ -90,11 +112,24 @@ def test_csv_cells():
 
 
 def test_a_matching_job_adds_its_runs_to_the_experiment():
-    first = {"models": ["alexnet", "resnet50"], "strategies": ["bno", "equal"], "updates": 16, "average_every": 4,
-             "eval_every": 0, "target_accuracy": None, "ranks": 4, "command": "job 1",
-             "config": {"model": "alexnet", "strategy": "bno", "base_batch_size": 8}}
-    second = dict(first, models=["vgg16", "alexnet"], strategies=["random"], command="job 2",
-                  config={"model": "vgg16", "strategy": "random", "base_batch_size": 8})
+    first = {
+        "models": ["alexnet", "resnet50"],
+        "strategies": ["bno", "equal"],
+        "updates": 16,
+        "average_every": 4,
+        "eval_every": 0,
+        "target_accuracy": None,
+        "ranks": 4,
+        "command": "job 1",
+        "config": {"model": "alexnet", "strategy": "bno", "base_batch_size": 8},
+    }
+    second = dict(
+        first,
+        models=["vgg16", "alexnet"],
+        strategies=["random"],
+        command="job 2",
+        config={"model": "vgg16", "strategy": "random", "base_batch_size": 8},
+    )
     merged = merge_experiment(first, second)
     assert merged["models"] == ["alexnet", "resnet50", "vgg16"] and merged["strategies"] == ["bno", "equal", "random"]
     assert merged["commands"] == ["job 1", "job 2"] and "command" not in merged
@@ -107,14 +142,18 @@ def test_a_matching_job_adds_its_runs_to_the_experiment():
 
 # --- command-line checks, no MPI needed ---------------------------------------------------
 
-@pytest.mark.parametrize("args,needle", [
-    (["--models", "cnn,lenet"], "--models"),
-    (["--strategies", "equal,fastest"], "--strategies"),
-    (["--updates", "10", "--average-every", "11"], "--average-every"),
-    (["--no-eval", "--target-accuracy", "0.8"], "--target-accuracy"),
-    (["--target-accuracy", "85"], "--target-accuracy"),
-    (["--no-eval", "--eval-every", "5"], "--eval-every"),
-])
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--models", "cnn,lenet"], "--models"),
+        (["--strategies", "equal,fastest"], "--strategies"),
+        (["--updates", "10", "--average-every", "11"], "--average-every"),
+        (["--no-eval", "--target-accuracy", "0.8"], "--target-accuracy"),
+        (["--target-accuracy", "85"], "--target-accuracy"),
+        (["--no-eval", "--eval-every", "5"], "--eval-every"),
+    ],
+)
 def test_experiment_flag_errors_are_one_line(args, needle, tmp_path):
     proc = run_cli("experiment", "--out", str(tmp_path / "x"), *args)
     assert proc.returncode == 2
@@ -122,12 +161,12 @@ def test_experiment_flag_errors_are_one_line(args, needle, tmp_path):
 
 
 def test_report_on_bad_logdir_is_one_line(tmp_path):
-    for target in (tmp_path / "missing", tmp_path):          # no such directory; a directory without runs
+    for target in (tmp_path / "missing", tmp_path):  # no such directory; a directory without runs
         proc = run_cli("report", str(target))
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     run = tmp_path / "runs" / "cnn" / "equal"
     run.mkdir(parents=True)
-    (run / "updates.jsonl").write_text(json.dumps(RECORDS[0]) + "\n")
+    (run / "updates.jsonl").write_text(json.dumps(RECORDS[0].to_dict()) + "\n")
     (run / "run.json").write_text("{not json")
     proc = run_cli("report", str(tmp_path))
     assert proc.returncode == 2 and "run.json" in proc.stderr and "Traceback" not in proc.stderr
@@ -135,9 +174,32 @@ def test_report_on_bad_logdir_is_one_line(tmp_path):
 
 # --- end to end under horovodrun ----------------------------------------------------------
 
-TINY = ["--models", "cnn", "--strategies", "equal,balanced", "--updates", "20", "--average-every", "5",
-        "--dataset", "synthetic", "--base-batch-size", "16", "--rebalance-every", "5", "--eval-every", "10",
-        "--target-accuracy", "0.2", "--emulate-speed", "1,0.5", "--emulate-rate", "400", "--latency-interval", "1"]
+TINY = [
+    "--models",
+    "cnn",
+    "--strategies",
+    "equal,balanced",
+    "--updates",
+    "20",
+    "--average-every",
+    "5",
+    "--dataset",
+    "synthetic",
+    "--base-batch-size",
+    "16",
+    "--rebalance-every",
+    "5",
+    "--eval-every",
+    "10",
+    "--target-accuracy",
+    "0.2",
+    "--emulate-speed",
+    "1,0.5",
+    "--emulate-rate",
+    "400",
+    "--latency-interval",
+    "1",
+]
 OUTPUTS = ("averages.csv", "summary.csv", "summary.json", "fig_cnn.png", "summary.png", "accuracy_cnn.png")
 
 
@@ -165,14 +227,15 @@ def test_experiment_writes_csv_json_and_pngs(tiny_experiment):
             assert (out / "runs" / "cnn" / strategy / log).exists()
     rows = read_csv(out / "averages.csv")
     assert tuple(rows[0]) == AVERAGE_COLUMNS
-    assert [(r["strategy"], int(r["block"]), int(r["first_update"]), int(r["updates"])) for r in rows] == \
-        [(s, k + 1, 5 * k, 5) for s in ("equal", "balanced") for k in range(4)]
+    assert [(r["strategy"], int(r["block"]), int(r["first_update"]), int(r["updates"])) for r in rows] == [
+        (s, k + 1, 5 * k, 5) for s in ("equal", "balanced") for k in range(4)
+    ]
     for r in rows:
         for col in ("mean_weight_update_time_s", "samples_per_s", "mean_global_batch"):
             assert math.isfinite(float(r[col])) and float(r[col]) > 0, (col, r)
-        assert float(r["mean_global_batch"]) == 32          # both keep the global batch at N*B
+        assert float(r["mean_global_batch"]) == 32  # both keep the global batch at N*B
         assert r["emulation"].startswith("EMULATED")
-    assert proc.stdout.count("test accuracy") == 2           # one line per run, rank 0 only
+    assert proc.stdout.count("test accuracy") == 2  # one line per run, rank 0 only
 
 
 def test_experiment_summary_accuracy_and_balance(tiny_experiment):

@@ -6,16 +6,19 @@ sent from outside to a real rank process; NaN loss comes from a real divergence 
 NaN metrics use ``--inject-fault`` (bno_hvd/faults.py), which only chooses *when* a real NaN
 enters the control plane.
 """
+
 import json
 import math
 import os
 import signal
 import subprocess
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
+from conftest import VENV_BIN, assert_ok, bno_cmd, mpi_env, mpirun
 
 from bno_hvd.allocation import make_strategy
 from bno_hvd.checkpoint import list_checkpoints, parameters_finite
@@ -23,22 +26,30 @@ from bno_hvd.control.plane import RankReport, allocate_on_root
 from bno_hvd.errors import UsageError
 from bno_hvd.faults import FaultInjector, parse_faults
 from bno_hvd.runlog import read_updates
-from conftest import VENV_BIN, assert_ok, bno_cmd, mpi_env, mpirun
 
 QUICK = ["--dataset", "synthetic", "--no-eval", "--no-progress"]
 
 
 # -- pure parts -------------------------------------------------------------------------------
 
+
 def report(rank, ops=100.0, memory=1e9, row=None, cap=None, n=4):
     row = row if row is not None else [0.0 if j == rank else 1e-3 for j in range(n)]
     return RankReport(rank, ops, memory, row, [(16, 16 / ops)] if ops and math.isfinite(ops) and ops > 0 else [], cap)
 
 
-@pytest.mark.parametrize("bad", [
-    {"ops": float("nan")}, {"ops": None}, {"ops": float("inf")}, {"ops": 0.0},
-    {"memory": float("nan")}, {"row": [1e-3, 0.0, float("inf"), 1e-3]},
-], ids=["nan-ops", "missing-ops", "inf-ops", "zero-ops", "nan-memory", "inf-latency"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ops": float("nan")},
+        {"ops": None},
+        {"ops": float("inf")},
+        {"ops": 0.0},
+        {"memory": float("nan")},
+        {"row": [1e-3, 0.0, float("inf"), 1e-3]},
+    ],
+    ids=["nan-ops", "missing-ops", "inf-ops", "zero-ops", "nan-memory", "inf-latency"],
+)
 def test_bad_metrics_from_one_rank_keep_the_last_allocation(bad):
     current = [10, 20, 30, 4]
     for name in ("balanced", "bno", "lbbsp"):
@@ -52,7 +63,9 @@ def test_bad_metrics_from_one_rank_keep_the_last_allocation(bad):
 def test_allocation_never_exceeds_a_memory_cap():
     # a strategy that ignores caps (fixed above them) is overruled by the control plane
     reports = [report(r, cap=12) for r in range(4)]
-    sizes, warning = allocate_on_root(make_strategy("fixed", 4, 16, batch_sizes=[20, 4, 4, 4]), reports, [8, 8, 8, 8], 5)
+    sizes, warning = allocate_on_root(
+        make_strategy("fixed", 4, 16, batch_sizes=[20, 4, 4, 4]), reports, [8, 8, 8, 8], 5
+    )
     assert sizes == [8, 8, 8, 8] and "exceeds the memory cap of rank(s) [0]" in warning
     # strategies that honour caps: a rank 4x faster than the others still stays at its cap
     fast = [report(0, ops=400.0, cap=20)] + [report(r, ops=100.0, cap=20) for r in range(1, 4)]
@@ -68,8 +81,9 @@ def test_fault_specs():
             parse_faults(bad)
     faults = FaultInjector.parse("nan-loss:1:3", rank=1)
     loss = torch.tensor(2.0, requires_grad=True)
-    assert faults.poison_loss(loss, 2) is loss and math.isnan(faults.poison_loss(loss, 3).item())
-    assert FaultInjector.parse("nan-loss:1:3", rank=0).poison_loss(loss, 3) is loss
+    at = SimpleNamespace
+    assert faults.loss(loss, at(update=2)) is loss and math.isnan(faults.loss(loss, at(update=3)).item())
+    assert FaultInjector.parse("nan-loss:1:3", rank=0).loss(loss, at(update=3)) is loss
 
 
 def test_parameters_finite():
@@ -81,6 +95,7 @@ def test_parameters_finite():
 
 
 # -- a rank dies ----------------------------------------------------------------------------
+
 
 def rank_process(root_pid, rank):
     for child in psutil.Process(root_pid).children(recursive=True):
@@ -95,9 +110,11 @@ def rank_process(root_pid, rank):
 def test_sigkill_of_one_rank_ends_the_job_within_60_seconds(tmp_path):
     log_dir = tmp_path / "log"
     cmd = [os.path.join(VENV_BIN, "horovodrun"), "-np", "4", "-H", "localhost:4", "--mpi"] + bno_cmd(
-        "train", *QUICK, "--updates", "100000", "--latency-interval", "1", "--log-dir", str(log_dir))
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(),
-                           start_new_session=True)
+        "train", *QUICK, "--updates", "100000", "--latency-interval", "1", "--log-dir", str(log_dir)
+    )
+    job = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), start_new_session=True
+    )
     try:
         deadline = time.time() + 180
         while time.time() < deadline and job.poll() is None:
@@ -121,16 +138,40 @@ def test_sigkill_of_one_rank_ends_the_job_within_60_seconds(tmp_path):
     assert "rank 2" in text and "signal 9" in text, text[-3000:]
     assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
     records = read_updates(str(log_dir))  # the log holds whole lines up to the kill
-    assert [r["update"] for r in records] == list(range(len(records)))
+    assert [r.update for r in records] == list(range(len(records)))
 
 
 # -- non-finite loss ------------------------------------------------------------------------
 
+
 def test_nonfinite_loss_stops_with_one_message_and_keeps_good_checkpoints(tmp_path):
     ckpt, log_dir = tmp_path / "ck", tmp_path / "log"
-    proc = mpirun(4, bno_cmd("train", *QUICK, "--strategy", "fixed", "--batch-sizes", "8,8,8,8", "--updates", "50",
-                             "--lr", "1e6", "--latency-interval", "0", "--checkpoint-dir", str(ckpt),
-                             "--checkpoint-every", "1", "--keep-checkpoints", "2", "--log-dir", str(log_dir)), timeout=180)
+    proc = mpirun(
+        4,
+        bno_cmd(
+            "train",
+            *QUICK,
+            "--strategy",
+            "fixed",
+            "--batch-sizes",
+            "8,8,8,8",
+            "--updates",
+            "50",
+            "--lr",
+            "1e6",
+            "--latency-interval",
+            "0",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoints",
+            "2",
+            "--log-dir",
+            str(log_dir),
+        ),
+        timeout=180,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "bno-hvd: error:" in line]
     assert len(lines) == 1 and "loss became nan" in lines[0] and "lower --lr" in lines[0], proc.stderr[-3000:]
@@ -149,15 +190,40 @@ def test_nonfinite_loss_stops_with_one_message_and_keeps_good_checkpoints(tmp_pa
 
 # -- NaN metrics and the memory cap, in one real run ----------------------------------------
 
+
 def test_nan_metrics_keep_allocation_warn_once_and_cap_holds(tmp_path):
     log_dir = tmp_path / "log"
-    proc = mpirun(4, bno_cmd("train", *QUICK, "--strategy", "balanced", "--base-batch-size", "16", "--max-batch", "18",
-                             "--emulate-speed", "1,1,1,0.25", "--emulate-rate", "200", "--rebalance-every", "5",
-                             "--updates", "40", "--latency-interval", "1", "--inject-fault", "nan-metrics:3:20",
-                             "--log-dir", str(log_dir)), timeout=180)
+    proc = mpirun(
+        4,
+        bno_cmd(
+            "train",
+            *QUICK,
+            "--strategy",
+            "balanced",
+            "--base-batch-size",
+            "16",
+            "--max-batch",
+            "18",
+            "--emulate-speed",
+            "1,1,1,0.25",
+            "--emulate-rate",
+            "200",
+            "--rebalance-every",
+            "5",
+            "--updates",
+            "40",
+            "--latency-interval",
+            "1",
+            "--inject-fault",
+            "nan-metrics:3:20",
+            "--log-dir",
+            str(log_dir),
+        ),
+        timeout=180,
+    )
     assert_ok(proc)
     records = read_updates(str(log_dir))
-    sizes = [r["batch_sizes"] for r in records]
+    sizes = [r.batch_sizes for r in records]
     assert len(sizes) == 40 and all(sum(s) == 64 for s in sizes)
     print("batch sizes at updates 0, 10, 20, 39:", sizes[0], sizes[10], sizes[20], sizes[39])
     assert max(max(s) for s in sizes) <= 18  # never above the memory cap...
@@ -167,6 +233,6 @@ def test_nan_metrics_keep_allocation_warn_once_and_cap_holds(tmp_path):
     warnings = [line for line in proc.stderr.splitlines() if "bno-hvd: warning:" in line]
     nan_warnings = [w for w in warnings if "non-finite metrics from rank(s) [3]" in w]
     assert len(nan_warnings) == 1, proc.stderr[-3000:]  # four rebalances saw it, one warning
-    memory = [r["rank_memory"] for r in records if r.get("rank_memory")]
+    memory = [r.rank_memory for r in records if r.rank_memory]
     assert memory and all(len(m) == 4 for m in memory)
     assert all(m[3] is None for m in memory[-3:]) and all(v > 0 for m in memory for v in m[:3])

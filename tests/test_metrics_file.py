@@ -1,12 +1,19 @@
 """Metrics file: every bad input is one UsageError naming the problem; 4096 ranks stay cheap."""
+
 import json
 import time
 
 import numpy as np
 import pytest
 
-from bno_hvd.allocation import (ClusterMetrics, UsageError, bno_batch_sizes, load_metrics_file,
-                                make_strategy, metrics_to_json)
+from bno_hvd.allocation import (
+    ClusterMetrics,
+    UsageError,
+    bno_batch_sizes,
+    load_metrics_file,
+    make_strategy,
+    metrics_to_json,
+)
 
 GOOD = {
     "ops": [100.0, 100.0, 100.0, 33.0],
@@ -38,8 +45,13 @@ def test_good_file_loads_and_feeds_bno(tmp_path):
 
 
 def test_round_trip_with_optional_fields(tmp_path):
-    m = ClusterMetrics(ops=[10.0, None], memory_used=[1.0, 2.0], latency=[[0, 2e-4], [2e-4, 0]],
-                       compute_samples=[[(16, 0.5)], []], max_batch=[None, 64])
+    m = ClusterMetrics(
+        ops=[10.0, None],
+        memory_used=[1.0, 2.0],
+        latency=[[0, 2e-4], [2e-4, 0]],
+        compute_samples=[[(16, 0.5)], []],
+        max_batch=[None, 64],
+    )
     back = load_metrics_file(write(tmp_path, metrics_to_json(m)))
     assert metrics_to_json(back) == metrics_to_json(m)
     assert back.ops == [10.0, None] and back.max_batch == [None, 64]
@@ -54,7 +66,7 @@ def test_small_asymmetry_within_tolerance_is_accepted(tmp_path):
 
 BAD = [
     ("unreadable", None, "cannot read"),
-    ("malformed", "{\"ops\": [1,", "not valid JSON"),
+    ("malformed", '{"ops": [1,', "not valid JSON"),
     ("not an object", "[1, 2]", "JSON object"),
     ("missing key", with_(latency=None), "lacks 'latency'"),
     ("unknown key", with_(flops=[1, 2, 3, 4]), "unknown key 'flops'"),
@@ -65,24 +77,40 @@ BAD = [
     ("memory length", with_(memory_used=[1, 2, 3]), "'memory_used' has 3 entries"),
     ("memory null", with_(memory_used=[1, None, 3, 4]), "memory_used[1] is null"),
     ("latency rows", with_(latency=[[0, 1], [1, 0]]), "list of 4 rows"),
-    ("latency not square", with_(latency=[[0, 1, 1, 1], [1, 0, 1, 1], [1, 1, 0], [1, 1, 1, 0]]),
-     "latency row 2 has 3 entries"),
-    ("latency string", with_(latency=[[0, 1, 1, 1], [1, 0, "a", 1], [1, 1, 0, 1], [1, 1, 1, 0]]),
-     'latency[1][2] is "a"'),
-    ("ops NaN literal", '{"ops": [1, 1, NaN, 1], "memory_used": [1, 1, 1, 1], "latency": %s}'
-     % json.dumps(GOOD["latency"]), "ops[2] is nan"),
-    ("latency Infinity literal", '{"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, Infinity], [1, 0]]}',
-     "latency[0][1] is inf"),
-    ("memory Infinity", '{"ops": [1, 1], "memory_used": [1, Infinity], "latency": [[0, 1], [1, 0]]}',
-     "memory_used[1] is inf"),
+    (
+        "latency not square",
+        with_(latency=[[0, 1, 1, 1], [1, 0, 1, 1], [1, 1, 0], [1, 1, 1, 0]]),
+        "latency row 2 has 3 entries",
+    ),
+    (
+        "latency string",
+        with_(latency=[[0, 1, 1, 1], [1, 0, "a", 1], [1, 1, 0, 1], [1, 1, 1, 0]]),
+        'latency[1][2] is "a"',
+    ),
+    (
+        "ops NaN literal",
+        '{"ops": [1, 1, NaN, 1], "memory_used": [1, 1, 1, 1], "latency": ' + json.dumps(GOOD["latency"]) + "}",
+        "ops[2] is nan",
+    ),
+    (
+        "latency Infinity literal",
+        '{"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, Infinity], [1, 0]]}',
+        "latency[0][1] is inf",
+    ),
+    (
+        "memory Infinity",
+        '{"ops": [1, 1], "memory_used": [1, Infinity], "latency": [[0, 1], [1, 0]]}',
+        "memory_used[1] is inf",
+    ),
     ("negative ops", with_(ops=[1, 1, -3, 1]), "ops[2] is -3.0"),
     ("negative memory", with_(memory_used=[1, -5, 1, 1]), "memory_used[1] is -5.0"),
-    ("negative latency", {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, -1], [-1, 0]]},
-     "latency[0][1] is -1.0"),
-    ("diagonal", {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, 1], [1, 0.5]]},
-     "latency[1][1] is 0.5"),
-    ("asymmetric", {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, 0.010], [0.002, 0]]},
-     "asymmetric at [0][1]"),
+    (
+        "negative latency",
+        {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, -1], [-1, 0]]},
+        "latency[0][1] is -1.0",
+    ),
+    ("diagonal", {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, 1], [1, 0.5]]}, "latency[1][1] is 0.5"),
+    ("asymmetric", {"ops": [1, 1], "memory_used": [1, 1], "latency": [[0, 0.010], [0.002, 0]]}, "asymmetric at [0][1]"),
     ("max_batch zero", with_(max_batch=[None, 0, None, None]), "max_batch[1] is 0"),
     ("max_batch fraction", with_(max_batch=[None, 2.5, None, None]), "max_batch[1] is 2.5"),
     ("max_batch length", with_(max_batch=[1, 2]), "'max_batch' has 2 entries"),
@@ -114,7 +142,7 @@ def generate(n, seed=0):
     rows = ",".join("[" + ",".join(row) + "]" for row in table[micros])
     ops = rng.uniform(50, 500, n).round(3).tolist()
     memory = rng.uniform(1e9, 8e9, n).round().tolist()
-    return '{"ops": %s, "memory_used": %s, "latency": [%s]}' % (json.dumps(ops), json.dumps(memory), rows)
+    return f'{{"ops": {json.dumps(ops)}, "memory_used": {json.dumps(memory)}, "latency": [{rows}]}}'
 
 
 def test_4096_rank_file_runs_bno_and_balanced(tmp_path):
@@ -139,8 +167,15 @@ def test_4096_rank_file_runs_bno_and_balanced(tmp_path):
 def test_sparse_latency_pairs_are_completed_symmetrically(tmp_path):
     # 4 ranks, a sampled probe: 0<->1 both ways (1 ms, 3 ms), 2->3 one way (4 ms), rest unmeasured
     path = tmp_path / "sparse.json"
-    path.write_text(json.dumps({"ops": [1, 1, 1, 1], "memory_used": [1, 1, 1, 1],
-                                "latency": {"pairs": [[0, 1, 0.001], [1, 0, 0.003], [2, 3, 0.004]]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "ops": [1, 1, 1, 1],
+                "memory_used": [1, 1, 1, 1],
+                "latency": {"pairs": [[0, 1, 0.001], [1, 0, 0.003], [2, 3, 0.004]]},
+            }
+        )
+    )
     lat = load_metrics_file(str(path)).latency_array()
     assert lat[0, 1] == lat[1, 0] == pytest.approx(0.002)
     assert lat[2, 3] == lat[3, 2] == pytest.approx(0.004)

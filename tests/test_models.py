@@ -6,7 +6,7 @@ import torchvision
 from torch import nn
 
 from bno_hvd.errors import UsageError
-from bno_hvd.models import MODEL_NAMES, TORCHVISION_INPUT_SIDE, BaselineCNN, GrayscaleAdapter, build_model
+from bno_hvd.models import MODEL_NAMES, TORCHVISION_INPUT_SIDE, BaselineCNN, InputAdapter, build_model
 
 torch.set_num_threads(1)
 
@@ -64,7 +64,7 @@ def test_adapter_side_is_the_smallest_the_architecture_accepts(name):
 def test_resnet50_trains_on_a_one_sample_batch():
     # an uneven allocation can give a rank one sample; batch-norm needs > 1 value per channel
     model = build_model("resnet50")
-    assert isinstance(model, GrayscaleAdapter) and model.side == 33
+    assert isinstance(model, InputAdapter) and model.side == 33
     assert isinstance(model.net, torchvision.models.ResNet)
     out = model.train()(torch.zeros(1, 1, 28, 28))
     out.sum().backward()
@@ -75,7 +75,7 @@ def test_adapter_feeds_the_gray_channel_to_all_three_inputs():
     seen = []
     stem = nn.Conv2d(3, 1, 1)
     stem.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
-    adapter = GrayscaleAdapter(nn.Sequential(stem, nn.Flatten()), side=32)
+    adapter = InputAdapter(nn.Sequential(stem, nn.Flatten()), side=32)
     images = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     adapter(images)
     assert seen[0].shape == (2, 3, 32, 32)
@@ -85,5 +85,5 @@ def test_adapter_feeds_the_gray_channel_to_all_three_inputs():
 
 def test_unknown_model_lists_the_choices():
     with pytest.raises(UsageError) as err:
-        build_model("resnet18")
+        build_model("resnet18x")
     assert all(name in str(err.value) for name in MODEL_NAMES)

@@ -1,8 +1,8 @@
 """Real multi-rank runs (mpirun / horovodrun on CPU) of Horovod and the mpi4py control plane."""
+
 import json
 
 import pytest
-
 from conftest import assert_ok, horovodrun, mpirun, python_cmd
 
 

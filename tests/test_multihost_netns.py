@@ -7,25 +7,26 @@ host's link must raise the measured NL_ij of the pairs that cross it: the networ
 allocation, measured on a real link. Everything is removed again, also when a test fails;
 where the machine forbids namespaces or tbf, the tests skip and say why.
 """
+
 import json
 import os
 import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, assert_ok, bno_cmd, mpi_env, run_cli
 from netns import NetnsCluster, NetnsError, unavailable_reason
 
 AGENT = os.path.join(ROOT, "launch", "netns-agent")
 PROBE_BYTES = 262144  # 2 x 256 KiB per round trip: a rate limit shows, jitter does not
-RATE = "50mbit"       # -> >= 84 ms per round trip across the limited link
+RATE = "50mbit"  # -> >= 84 ms per round trip across the limited link
 
 
 def refused(err: Exception) -> bool:
     text = str(err)
-    return any(s in text for s in ("Operation not permitted", "not supported", "Permission denied",
-                                   "qdisc kind is unknown"))
+    return any(
+        s in text for s in ("Operation not permitted", "not supported", "Permission denied", "qdisc kind is unknown")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,23 +51,52 @@ def cluster(tmp_path_factory):
 
 def mpirun_on(net, args, timeout=180):
     """``args`` on 4 ranks, 2 per namespace host, via the netns agent (like ssh on a cluster)."""
-    cmd = ["mpirun", "-np", "4", "--hostfile", net.hostfile_path, "--map-by", "slot", "--bind-to", "none",
-           "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
-           # tcp only: vader names its /dev/shm segments by hostname and local rank, which the two
-           # "hosts" share (one hostname, one /dev/shm); between real hosts it is tcp anyway
-           "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", net.cidr,
-           "--mca", "oob_tcp_if_include", net.cidr,
-           # no --daemonize: a daemon that dies ends mpirun with an error instead of a wait forever
-           "--mca", "orte_leave_session_attached", "1",
-           "-x", "PATH", "-x", "PYTHONPATH"] + list(args)
+    cmd = [
+        "mpirun",
+        "-np",
+        "4",
+        "--hostfile",
+        net.hostfile_path,
+        "--map-by",
+        "slot",
+        "--bind-to",
+        "none",
+        "--mca",
+        "plm_rsh_agent",
+        AGENT,
+        "--mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        # tcp only: vader names its /dev/shm segments by hostname and local rank, which the two
+        # "hosts" share (one hostname, one /dev/shm); between real hosts it is tcp anyway
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        net.cidr,
+        "--mca",
+        "oob_tcp_if_include",
+        net.cidr,
+        # no --daemonize: a daemon that dies ends mpirun with an error instead of a wait forever
+        "--mca",
+        "orte_leave_session_attached",
+        "1",
+        "-x",
+        "PATH",
+        "-x",
+        "PYTHONPATH",
+    ] + list(args)
     env = mpi_env({"BNO_NETNS_MAP": net.netns_map(), "BNO_NETNS_TMPDIR": net.tmpdir})
     env.pop("OMPI_MCA_rmaps_base_oversubscribe", None)  # the hostfile's slots must suffice
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def probe(net, out_path):
-    proc = mpirun_on(net, bno_cmd("probe", "--steps", "3", "--repeats", "5", "--probe-bytes", str(PROBE_BYTES),
-                                  "--out", str(out_path)))
+    proc = mpirun_on(
+        net,
+        bno_cmd("probe", "--steps", "3", "--repeats", "5", "--probe-bytes", str(PROBE_BYTES), "--out", str(out_path)),
+    )
     assert_ok(proc)
     return json.loads(out_path.read_text())
 
@@ -80,9 +110,11 @@ def cross_and_local(latency):
 def test_launch_across_hosts_is_reliable(cluster):
     """Many short launches in a row. With one shared tmpdir, 7 of 40 launches crashed a daemon
     (orted and its hwloc.sm session file: launch/netns-agent) and then hung."""
-    hello = ("from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
-             "names = c.allgather(os.environ['OMPI_MCA_orte_tmpdir_base']); total = c.allreduce(c.rank); "
-             "print('hosts', len(set(names)), total) if c.rank == 0 else None")
+    hello = (
+        "from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
+        "names = c.allgather(os.environ['OMPI_MCA_orte_tmpdir_base']); total = c.allreduce(c.rank); "
+        "print('hosts', len(set(names)), total) if c.rank == 0 else None"
+    )
     for attempt in range(12):
         proc = mpirun_on(cluster, ["python", "-c", hello], timeout=60)
         assert_ok(proc)
@@ -107,9 +139,28 @@ def test_four_ranks_across_two_hosts(cluster, tmp_path):
     assert len(json.loads(alloc.stdout)["batch_sizes"]) == 4
 
     log_dir = tmp_path / "log"
-    proc = mpirun_on(cluster, bno_cmd("train", "--dataset", "synthetic", "--strategy", "bno", "--base-batch-size", "16",
-                                      "--updates", "20", "--rebalance-every", "5", "--latency-interval", "1",
-                                      "--no-eval", "--no-progress", "--log-dir", str(log_dir)))
+    proc = mpirun_on(
+        cluster,
+        bno_cmd(
+            "train",
+            "--dataset",
+            "synthetic",
+            "--strategy",
+            "bno",
+            "--base-batch-size",
+            "16",
+            "--updates",
+            "20",
+            "--rebalance-every",
+            "5",
+            "--latency-interval",
+            "1",
+            "--no-eval",
+            "--no-progress",
+            "--log-dir",
+            str(log_dir),
+        ),
+    )
     assert_ok(proc)
     run = json.loads((log_dir / "run.json").read_text())
     assert run["world_size"] == 4
@@ -135,8 +186,10 @@ def test_rate_limit_on_one_host_raises_its_cross_host_latency(cluster, tmp_path)
         cluster.clear_rate(1)
     cross_before, local_before = cross_and_local(before["latency"])
     cross_after, local_after = cross_and_local(after["latency"])
-    print(f"NL across hosts: {cross_before * 1e3:.2f} ms -> {cross_after * 1e3:.2f} ms with tbf {RATE}; "
-          f"inside host 1: {local_before * 1e3:.2f} -> {local_after * 1e3:.2f} ms")
+    print(
+        f"NL across hosts: {cross_before * 1e3:.2f} ms -> {cross_after * 1e3:.2f} ms with tbf {RATE}; "
+        f"inside host 1: {local_before * 1e3:.2f} -> {local_after * 1e3:.2f} ms"
+    )
     floor = 2 * PROBE_BYTES * 8 / 50e6  # seconds the payload needs at the rate, both ways
     assert cross_after > 0.5 * floor
     assert cross_after > 5 * cross_before

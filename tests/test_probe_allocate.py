@@ -1,17 +1,18 @@
 """`bno-hvd probe` under horovodrun measures a real metrics table and writes the JSON that
 `bno-hvd allocate` reads back (the offline path of the paper's allocation)."""
+
 import json
 
 import pytest
-
 from conftest import assert_ok, bno_cmd, horovodrun, run_cli
 
 
 @pytest.mark.parametrize("np_", [1, 4])
 def test_probe_then_allocate(np_, tmp_path):
     metrics = tmp_path / "metrics.json"
-    proc = horovodrun(np_, bno_cmd("probe", "--steps", "3", "--batch-size", "8", "--repeats", "2",
-                                   "--out", str(metrics)), timeout=240)
+    proc = horovodrun(
+        np_, bno_cmd("probe", "--steps", "3", "--batch-size", "8", "--repeats", "2", "--out", str(metrics)), timeout=240
+    )
     assert_ok(proc)
     assert "latency matrix NL_ij (ms)" in proc.stdout
     data = json.loads(metrics.read_text())
@@ -25,6 +26,7 @@ def test_probe_then_allocate(np_, tmp_path):
     assert_ok(out)
     sizes = json.loads(out.stdout)["batch_sizes"]
     assert len(sizes) == np_ and all(b >= 1 for b in sizes)
-    balanced = json.loads(run_cli("allocate", "--metrics", str(metrics), "--strategy", "balanced",
-                                  "--base-batch-size", "32").stdout)["batch_sizes"]
+    balanced = json.loads(
+        run_cli("allocate", "--metrics", str(metrics), "--strategy", "balanced", "--base-batch-size", "32").stdout
+    )["batch_sizes"]
     assert sum(balanced) == 32 * np_

@@ -1,5 +1,6 @@
 """README stays true: its CLI reference lists every command and flag that exists, its API
 example is the file the suite runs, and CI calls README's test command."""
+
 import os
 import re
 import subprocess

@@ -1,5 +1,6 @@
 """The sampler's contract: order depends only on seed and epoch; every sample exactly once
 per epoch under allocations that change every step; global batch independent of N."""
+
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ def test_exactly_once_per_epoch_with_allocation_changing_every_step():
     full_epochs = len(stream) // n_data
     assert full_epochs >= 3
     for e in range(full_epochs):
-        chunk = stream[e * n_data:(e + 1) * n_data]
+        chunk = stream[e * n_data : (e + 1) * n_data]
         assert sorted(chunk.tolist()) == list(range(n_data)), f"epoch {e} not a permutation"
     assert samplers[0].epoch == full_epochs
     assert samplers[0].offset == len(stream) % n_data

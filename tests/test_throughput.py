@@ -9,5 +9,5 @@ def test_ops_is_ratio_of_sums_over_window():
     assert w.ops() == 20.0
     w.add(40, 2.0)  # evicts the first pair
     assert w.ops() == 70 / 3
-    w.add(0, 1.0)   # ignored: no samples
+    w.add(0, 1.0)  # ignored: no samples
     assert len(w) == 2

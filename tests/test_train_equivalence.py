@@ -7,17 +7,40 @@ Adam runs in float64: its update m/sqrt(v) turns float32 summation-order noise i
 near-zero gradients into full-size steps (measured here: 2.6e-4 max relative difference in
 float32 after 20 updates, 3e-13 in float64), so float32 would test rounding, not the method.
 Plain SGD is linear in the gradient and is checked in float32."""
+
 import pytest
 import torch
-
 from conftest import assert_ok, bno_cmd, horovodrun
 
 
 def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=20):
-    args = bno_cmd("train", "--strategy", "fixed", "--batch-sizes", batch_sizes, "--updates", str(updates),
-                   "--optimizer", optimizer, "--momentum", "0", "--dtype", dtype, "--lr", "0.01", "--seed", "7", "--no-eval", "--no-progress",
-                   "--latency-interval", "0", "--save-model", str(path),
-                   "--log-dir", str(tmp_path / f"log-{np_}-{optimizer}"))
+    args = bno_cmd(
+        "train",
+        "--strategy",
+        "fixed",
+        "--batch-sizes",
+        batch_sizes,
+        "--updates",
+        str(updates),
+        "--optimizer",
+        optimizer,
+        "--momentum",
+        "0",
+        "--dtype",
+        dtype,
+        "--lr",
+        "0.01",
+        "--seed",
+        "7",
+        "--no-eval",
+        "--no-progress",
+        "--latency-interval",
+        "0",
+        "--save-model",
+        str(path),
+        "--log-dir",
+        str(tmp_path / f"log-{np_}-{optimizer}"),
+    )
     proc = horovodrun(np_, args, timeout=400)
     assert_ok(proc)
     return torch.load(path, map_location="cpu", weights_only=True)
@@ -41,6 +64,7 @@ def test_uneven_ranks_equal_single_process(optimizer, dtype, tmp_path, fashion_a
     assert diff <= 1e-5
     # and training really moved the parameters (not a comparison of two initialisations)
     from bno_hvd.models import build_model
+
     torch.manual_seed(7)
     init = build_model("cnn").to(getattr(torch, dtype)).state_dict()
     assert max_relative_difference(single, init) > 1e-3

@@ -1,9 +1,9 @@
 """Short real training runs under horovodrun: accuracy beats chance, logs are complete."""
+
 import json
 import re
 
 import pytest
-
 from conftest import assert_ok, bno_cmd, horovodrun
 
 
@@ -16,9 +16,26 @@ def accuracy_of(proc):
 @pytest.mark.parametrize("np_,strategy", [(1, "equal"), (4, "bno")])
 def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_available):
     log_dir = tmp_path / "log"
-    proc = horovodrun(np_, bno_cmd("train", "--strategy", strategy, "--updates", "60", "--base-batch-size", "16",
-                                   "--rebalance-every", "10", "--latency-interval", "1",
-                                   "--log-dir", str(log_dir), "--no-progress"), timeout=400)
+    proc = horovodrun(
+        np_,
+        bno_cmd(
+            "train",
+            "--strategy",
+            strategy,
+            "--updates",
+            "60",
+            "--base-batch-size",
+            "16",
+            "--rebalance-every",
+            "10",
+            "--latency-interval",
+            "1",
+            "--log-dir",
+            str(log_dir),
+            "--no-progress",
+        ),
+        timeout=400,
+    )
     assert_ok(proc)
     acc, total = accuracy_of(proc)
     assert total == 10000

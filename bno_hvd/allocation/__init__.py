@@ -9,10 +9,17 @@ Usage::
     strategy = make_strategy("balanced", n_ranks=4, base_batch_size=32)
     sizes = strategy.initial()
 """
+
 from ..errors import UsageError
 from .balanced import BalancedStrategy, fit_affine, latency_offsets, solve_equal_finish
-from .baselines import (EqualStrategy, FixedStrategy, LBBSPStrategy, ParamHubStrategy,
-                        ProportionalStrategy, RandomStrategy)
+from .baselines import (
+    EqualStrategy,
+    FixedStrategy,
+    LBBSPStrategy,
+    ParamHubStrategy,
+    ProportionalStrategy,
+    RandomStrategy,
+)
 from .bno import BNOStrategy
 from .metrics import ClusterMetrics, usable_ranks
 from .metrics_file import load_metrics_file, metrics_to_json
@@ -22,13 +29,25 @@ from .strategy import Strategy
 
 STRATEGY_NAMES = ("bno", "balanced", "equal", "random", "fixed", "proportional", "lbbsp", "paramhub")
 
-_CLASSES = {cls.name: cls for cls in (BNOStrategy, BalancedStrategy, EqualStrategy, RandomStrategy,
-                                      FixedStrategy, ProportionalStrategy, LBBSPStrategy, ParamHubStrategy)}
+_CLASSES = {
+    cls.name: cls
+    for cls in (
+        BNOStrategy,
+        BalancedStrategy,
+        EqualStrategy,
+        RandomStrategy,
+        FixedStrategy,
+        ProportionalStrategy,
+        LBBSPStrategy,
+        ParamHubStrategy,
+    )
+}
 assert set(_CLASSES) == set(STRATEGY_NAMES)
 
 
-def make_strategy(name, n_ranks, base_batch_size, *, global_batch=None, seed=0, batch_sizes=None,
-                  **options) -> Strategy:
+def make_strategy(
+    name, n_ranks, base_batch_size, *, global_batch=None, seed=0, batch_sizes=None, **options
+) -> Strategy:
     """Build the named strategy; any bad argument raises :class:`UsageError` with a fix.
 
     ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
@@ -37,18 +56,39 @@ def make_strategy(name, n_ranks, base_batch_size, *, global_batch=None, seed=0, 
     if name not in _CLASSES:
         raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
     if name == "fixed":
-        return FixedStrategy(n_ranks, base_batch_size, batch_sizes=batch_sizes,
-                             global_batch=global_batch, seed=seed, **options)
+        return FixedStrategy(
+            n_ranks, base_batch_size, batch_sizes=batch_sizes, global_batch=global_batch, seed=seed, **options
+        )
     if batch_sizes is not None:
-        raise UsageError(f"--batch-sizes only applies to --strategy fixed (got --strategy {name}); "
-                         "drop it or use 'fixed'")
+        raise UsageError(
+            f"--batch-sizes only applies to --strategy fixed (got --strategy {name}); drop it or use 'fixed'"
+        )
     return _CLASSES[name](n_ranks, base_batch_size, global_batch=global_batch, seed=seed, **options)
 
 
 __all__ = [
-    "STRATEGY_NAMES", "make_strategy", "Strategy", "ClusterMetrics", "usable_ranks", "UsageError",
-    "compute_k", "memory_weights", "network_weights", "bno_batch_sizes", "round_to_total",
-    "fit_affine", "solve_equal_finish", "latency_offsets", "load_metrics_file", "metrics_to_json",
-    "BNOStrategy", "BalancedStrategy", "EqualStrategy", "RandomStrategy", "FixedStrategy",
-    "ProportionalStrategy", "LBBSPStrategy", "ParamHubStrategy",
+    "STRATEGY_NAMES",
+    "make_strategy",
+    "Strategy",
+    "ClusterMetrics",
+    "usable_ranks",
+    "UsageError",
+    "compute_k",
+    "memory_weights",
+    "network_weights",
+    "bno_batch_sizes",
+    "round_to_total",
+    "fit_affine",
+    "solve_equal_finish",
+    "latency_offsets",
+    "load_metrics_file",
+    "metrics_to_json",
+    "BNOStrategy",
+    "BalancedStrategy",
+    "EqualStrategy",
+    "RandomStrategy",
+    "FixedStrategy",
+    "ProportionalStrategy",
+    "LBBSPStrategy",
+    "ParamHubStrategy",
 ]

@@ -29,6 +29,7 @@ to shorten the step - the slowest rank's ``a_i + c_i * b_i`` - by more than that
 moves that only chase measurement noise (on equal ranks, every move predicts ~0 gain), yet
 reacts at once when a rank really slows down.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,11 @@ def fit_affine(samples, window: int = 8) -> tuple[float, float] | None:
     Pairs with a non-finite or non-positive value, and outliers (time per sample more than 2x
     from the window's median), are ignored; returns None if none remain.
     """
-    pts = [(float(b), float(t)) for b, t in list(samples)[-window:]
-           if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0]
+    pts = [
+        (float(b), float(t))
+        for b, t in list(samples)[-window:]
+        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
+    ]
     if not pts:
         return None
     # A machine-wide hiccup (page faults, a noisy neighbour) can make one step several times
@@ -84,13 +88,14 @@ def solve_equal_finish(a, c, total: float, max_batch=None) -> list[float]:
     if c.shape != (n,) or n == 0 or not (np.isfinite(a).all() and np.isfinite(c).all()) or (c <= 0).any():
         raise UsageError("solve_equal_finish needs N finite a_i and N finite c_i > 0")
     lo = np.ones(n)
-    hi = np.full(n, np.inf) if max_batch is None else \
-        np.array([np.inf if m is None else float(m) for m in max_batch])
+    hi = np.full(n, np.inf) if max_batch is None else np.array([np.inf if m is None else float(m) for m in max_batch])
     if hi.shape != (n,) or (hi < 1).any():
         raise UsageError("max_batch needs one cap >= 1 (or None) per rank")
     if not n <= total <= hi.sum():
-        raise UsageError(f"global batch {total} does not fit {n} ranks between 1 sample and their memory "
-                         f"caps (sum {hi.sum():g}); change the global batch")
+        raise UsageError(
+            f"global batch {total} does not fit {n} ranks between 1 sample and their memory "
+            f"caps (sum {hi.sum():g}); change the global batch"
+        )
 
     def sizes(t: float) -> np.ndarray:
         return np.clip((t - a) / c, lo, hi)
@@ -155,12 +160,13 @@ class BalancedStrategy(Strategy):
         self.a[first], self.c[first] = a_fit[first], c_fit[first]
         known = np.isfinite(self.c)
         if not known.any():
-            self._warn("balanced: no rank has reported compute times or throughput yet; "
-                       "kept the current allocation")
+            self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
             return list(current)
         if not new.all():
-            self._warn(f"balanced: no usable measurements from rank(s) {np.flatnonzero(~new).tolist()}; "
-                       "using their previous fit (or the cluster median)")
+            self._warn(
+                f"balanced: no usable measurements from rank(s) {np.flatnonzero(~new).tolist()}; "
+                "using their previous fit (or the cluster median)"
+            )
         # Unknown ranks are treated as typical, not stored: their own fit replaces this later.
         a = np.where(known, self.a, np.median(self.a[known]))
         c = np.where(known, self.c, np.median(self.c[known]))
@@ -190,8 +196,7 @@ class BalancedStrategy(Strategy):
         cur = np.asarray(current, dtype=float)
         if deadband == 0:
             return False
-        if cur.sum() != self.global_batch or any(
-                cap is not None and b > cap for b, cap in zip(current, caps)):
+        if cur.sum() != self.global_batch or any(cap is not None and b > cap for b, cap in zip(current, caps)):
             return False  # current is not a valid split of this global batch: never keep it
         step_now = float(np.max(a + c * cur))
         step_new = float(np.max(a + c * np.asarray(sizes, dtype=float)))
@@ -200,6 +205,7 @@ class BalancedStrategy(Strategy):
     def state_dict(self) -> dict:
         def enc(x):
             return [None if np.isnan(v) else float(v) for v in x]
+
         return {**super().state_dict(), "a": enc(self.a), "c": enc(self.c)}
 
     def load_state_dict(self, state: dict) -> None:

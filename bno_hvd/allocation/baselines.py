@@ -17,6 +17,7 @@
 
 Memory caps (``metrics.max_batch``) are honoured by every strategy that splits from metrics.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,10 @@ class EqualStrategy(Strategy):
     def __init__(self, n_ranks, base_batch_size, *, global_batch=None, seed=0, **options):
         super().__init__(n_ranks, base_batch_size, global_batch=global_batch, seed=seed, **options)
         if self.global_batch != self.n_ranks * self.base_batch_size:
-            raise UsageError(f"'equal' gives every rank --batch-size {base_batch_size}, so the global batch "
-                             f"is {self.n_ranks * self.base_batch_size}; drop --global-batch or use 'balanced'")
+            raise UsageError(
+                f"'equal' gives every rank --base-batch-size {base_batch_size}, so the global batch "
+                f"is {self.n_ranks * self.base_batch_size}; drop --global-batch or use 'balanced'"
+            )
 
     def initial(self) -> list[int]:
         return [self.base_batch_size] * self.n_ranks
@@ -77,8 +80,10 @@ class FixedStrategy(Strategy):
             raise UsageError(f"--batch-sizes must all be integers >= 1, got {list(batch_sizes)}")
         self.batch_sizes = [int(b) for b in batch_sizes]
         if global_batch is not None and global_batch != sum(self.batch_sizes):
-            raise UsageError(f"--global-batch {global_batch} disagrees with sum(--batch-sizes) = "
-                             f"{sum(self.batch_sizes)}; drop --global-batch")
+            raise UsageError(
+                f"--global-batch {global_batch} disagrees with sum(--batch-sizes) = "
+                f"{sum(self.batch_sizes)}; drop --global-batch"
+            )
         self.global_batch = sum(self.batch_sizes)
 
     def initial(self) -> list[int]:
@@ -86,8 +91,7 @@ class FixedStrategy(Strategy):
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
-        over = [i for i, (b, cap) in enumerate(zip(self.batch_sizes, metrics.max_batch))
-                if cap is not None and b > cap]
+        over = [i for i, (b, cap) in enumerate(zip(self.batch_sizes, metrics.max_batch)) if cap is not None and b > cap]
         if over:
             self._warn(f"fixed: rank(s) {over} run above their memory cap; lower their --batch-sizes")
         return list(self.batch_sizes)
@@ -109,8 +113,10 @@ class ProportionalStrategy(Strategy):
             if np.isfinite(ops).all() and (ops > 0).all():
                 self.frozen = self._split(ops, metrics)
             else:
-                self._warn(f"{self.name}: throughput missing for rank(s) "
-                           f"{np.flatnonzero(~(ops > 0)).tolist()}; kept the current allocation")
+                self._warn(
+                    f"{self.name}: throughput missing for rank(s) "
+                    f"{np.flatnonzero(~(ops > 0)).tolist()}; kept the current allocation"
+                )
         return list(self.frozen) if self.frozen is not None else list(current)
 
     def _ready(self, update: int) -> bool:
@@ -167,8 +173,9 @@ class LBBSPStrategy(Strategy):
             self._warn("lbbsp: no rank has reported a throughput yet; kept the current allocation")
             return list(current)
         if not seen.all():
-            self._warn(f"lbbsp: throughput missing for rank(s) {np.flatnonzero(~seen).tolist()}; "
-                       "using their last prediction")
+            self._warn(
+                f"lbbsp: throughput missing for rank(s) {np.flatnonzero(~seen).tolist()}; using their last prediction"
+            )
         # A rank never measured is assumed average rather than starved or flooded.
         speed = np.where(known, self.predicted, self.predicted[known].mean())
         return self._split(speed, metrics)

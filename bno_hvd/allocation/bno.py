@@ -9,6 +9,7 @@ the pure formula in :mod:`.paper`:
 * a rank that reports a memory cap (``max_batch``) never gets more than the cap: eq. (5) knows
   nothing about out-of-memory, and exceeding the cap would crash the run.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,10 @@ class BNOStrategy(Strategy):
 
     def __init__(self, n_ranks, base_batch_size, *, global_batch=None, seed=0, **options):
         if global_batch is not None and global_batch != n_ranks * base_batch_size:
-            raise UsageError("'bno' derives its global batch from eq. (5) and --batch-size; "
-                             "drop --global-batch or use 'balanced' for a fixed global batch")
+            raise UsageError(
+                "'bno' derives its global batch from eq. (5) and --base-batch-size; "
+                "drop --global-batch or use 'balanced' for a fixed global batch"
+            )
         super().__init__(n_ranks, base_batch_size, seed=seed, **options)
 
     @property
@@ -41,10 +44,11 @@ class BNOStrategy(Strategy):
         self._begin(metrics, current)
         ok = usable_ranks(metrics)
         if not ok.all():
-            self._warn(f"bno: metrics missing or non-finite for rank(s) {np.flatnonzero(~ok).tolist()}; "
-                       "kept the current allocation")
+            self._warn(
+                f"bno: metrics missing or non-finite for rank(s) {np.flatnonzero(~ok).tolist()}; "
+                "kept the current allocation"
+            )
             return list(current)
-        sizes = bno_batch_sizes(metrics.ops_array(), metrics.memory_used, metrics.latency_array(),
-                                self.base_batch_size)
+        sizes = bno_batch_sizes(metrics.ops_array(), metrics.memory_used, metrics.latency_array(), self.base_batch_size)
         caps = metrics.max_batch
         return [b if cap is None else max(1, min(b, int(cap))) for b, cap in zip(sizes, caps)]

@@ -11,6 +11,7 @@ agree in expectation but not sample by sample. ``validate()`` rejects a pair onl
 ``|NL_ij - NL_ji| > SYMMETRY_RTOL * max(NL_ij, NL_ji) + SYMMETRY_ATOL``: a factor of two plus 1 ms
 is far beyond jitter on a real link, and typically means a transposed or garbled matrix.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,11 +37,11 @@ class ClusterMetrics:
         m.validate()
     """
 
-    ops: list                      # list[float | None]: samples/s; None or NaN = not measured
-    memory_used: list              # list[float]: bytes in use per rank
-    latency: list                  # NxN seconds, NL[i][j] measured round trip i->j, diagonal 0
+    ops: list  # list[float | None]: samples/s; None or NaN = not measured
+    memory_used: list  # list[float]: bytes in use per rank
+    latency: list  # NxN seconds, NL[i][j] measured round trip i->j, diagonal 0
     compute_samples: list = field(default_factory=list)  # per rank [(batch_size, seconds), ...]
-    max_batch: list = field(default_factory=list)        # per rank batch cap, None = no cap
+    max_batch: list = field(default_factory=list)  # per rank batch cap, None = no cap
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.
@@ -92,8 +93,9 @@ class ClusterMetrics:
         for i, pairs in enumerate(self.compute_samples):
             for k, (b, t) in enumerate(pairs):
                 if int(b) != b or b < 1 or not math.isfinite(t) or t < 0:
-                    raise UsageError(f"metrics: compute_samples[{i}][{k}] is ({b}, {t}); "
-                                     "use (batch_size >= 1, seconds >= 0)")
+                    raise UsageError(
+                        f"metrics: compute_samples[{i}][{k}] is ({b}, {t}); use (batch_size >= 1, seconds >= 0)"
+                    )
 
 
 def usable_ranks(metrics: ClusterMetrics) -> np.ndarray:
@@ -111,21 +113,23 @@ def usable_ranks(metrics: ClusterMetrics) -> np.ndarray:
 
 def _validate_latency(lat: np.ndarray, n: int) -> None:
     if lat.shape != (n, n):
-        raise UsageError(f"metrics: 'latency' has shape {lat.shape} but there are {n} ranks; "
-                         f"give a {n}x{n} matrix")
+        raise UsageError(f"metrics: 'latency' has shape {lat.shape} but there are {n} ranks; give a {n}x{n} matrix")
     _check_finite("latency", lat)
     _check_non_negative("latency", lat)
     diag = np.flatnonzero(np.diagonal(lat) != 0)
     if diag.size:
         i = int(diag[0])
-        raise UsageError(f"metrics: latency[{i}][{i}] is {lat[i, i]}; the diagonal must be 0 "
-                         "(a rank has no latency to itself)")
+        raise UsageError(
+            f"metrics: latency[{i}][{i}] is {lat[i, i]}; the diagonal must be 0 (a rank has no latency to itself)"
+        )
     bad = _first_asymmetric(lat)
     if bad is not None:
         i, j = bad
-        raise UsageError(f"metrics: latency is asymmetric at [{i}][{j}]={lat[i, j]} vs [{j}][{i}]="
-                         f"{lat[j, i]}; round trips must agree within {SYMMETRY_RTOL:.0%} + "
-                         f"{SYMMETRY_ATOL * 1e3:g} ms (is the matrix transposed or garbled?)")
+        raise UsageError(
+            f"metrics: latency is asymmetric at [{i}][{j}]={lat[i, j]} vs [{j}][{i}]="
+            f"{lat[j, i]}; round trips must agree within {SYMMETRY_RTOL:.0%} + "
+            f"{SYMMETRY_ATOL * 1e3:g} ms (is the matrix transposed or garbled?)"
+        )
 
 
 def _first_asymmetric(lat: np.ndarray, block: int = 512):
@@ -136,8 +140,8 @@ def _first_asymmetric(lat: np.ndarray, block: int = 512):
     for r0 in range(0, n, block):
         hits = []
         for c0 in range(r0, n, block):
-            upper = lat[r0:r0 + block, c0:c0 + block]
-            lower = lat[c0:c0 + block, r0:r0 + block].T
+            upper = lat[r0 : r0 + block, c0 : c0 + block]
+            lower = lat[c0 : c0 + block, r0 : r0 + block].T
             bad = np.abs(upper - lower) > SYMMETRY_RTOL * np.maximum(upper, lower) + SYMMETRY_ATOL
             if bad.any():
                 i, j = np.argwhere(bad)[0]
@@ -157,8 +161,10 @@ def _check_finite(name: str, arr: np.ndarray) -> None:
     bad = np.flatnonzero(~np.isfinite(arr))
     if bad.size:
         k = int(bad[0])
-        raise UsageError(f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]}; "
-                         "use a finite number (NaN/Infinity are not measurements)")
+        raise UsageError(
+            f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]}; "
+            "use a finite number (NaN/Infinity are not measurements)"
+        )
 
 
 def _check_non_negative(name: str, arr: np.ndarray) -> None:

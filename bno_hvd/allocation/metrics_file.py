@@ -13,6 +13,7 @@ Every problem becomes one :class:`UsageError` line that names the file and the f
 Infinity (which Python's json accepts) are rejected by :meth:`ClusterMetrics.validate`. The
 latency matrix is returned as an NxN float64 numpy array so a 4096-rank file stays cheap.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ def load_metrics_file(path) -> ClusterMetrics:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UsageError(f"metrics file {path} is not valid JSON: {err.msg} at line {err.lineno} "
-                         f"column {err.colno}") from None
+        raise UsageError(
+            f"metrics file {path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
     try:
         return _parse(data)
     except UsageError as err:
@@ -74,8 +76,7 @@ def _parse(data) -> ClusterMetrics:
             raise UsageError(f"metrics file lacks '{key}'; required keys: {', '.join(REQUIRED)}")
     unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
-        raise UsageError(f"unknown key '{unknown[0]}' in metrics file; allowed: "
-                         f"{', '.join(REQUIRED + OPTIONAL)}")
+        raise UsageError(f"unknown key '{unknown[0]}' in metrics file; allowed: {', '.join(REQUIRED + OPTIONAL)}")
     ops = _numbers("ops", data["ops"], allow_null=True)
     n = len(ops)
     if n == 0:
@@ -157,8 +158,7 @@ def _matrix(value, n: int) -> np.ndarray:
         return _sparse_matrix(value, n)
     if not isinstance(value, list) or len(value) != n:
         got = len(value) if isinstance(value, list) else type(value).__name__
-        raise UsageError(f"'latency' must be a list of {n} rows (one per rank), got {got}; "
-                         f"give a {n}x{n} matrix")
+        raise UsageError(f"'latency' must be a list of {n} rows (one per rank), got {got}; give a {n}x{n} matrix")
     for i, row in enumerate(value):
         if not isinstance(row, list) or len(row) != n:
             got = len(row) if isinstance(row, list) else type(row).__name__

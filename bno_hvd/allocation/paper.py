@@ -27,9 +27,10 @@ Degenerate cases, chosen so the result is always N ints >= 1:
 
 The functions accept lists or numpy arrays and are vectorised (N = 4096 takes milliseconds).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -60,16 +61,17 @@ def bno_batch_sizes(ops, memory_used, latency, base_batch_size: int) -> list[int
 
         bno_batch_sizes([100, 100, 100, 200], [1e9] * 4, latency, 32)  # -> [34, 31, 31, 36]
     """
-    if isinstance(base_batch_size, bool) or not isinstance(base_batch_size, (int, np.integer)) \
-            or base_batch_size < 1:
+    if isinstance(base_batch_size, bool) or not isinstance(base_batch_size, (int, np.integer)) or base_batch_size < 1:
         raise UsageError(f"base batch size must be an integer >= 1, got {base_batch_size!r}")
     k = _compute_k(ops)
     mw = _memory_weights(memory_used)
     lat = _latency(latency)
     n = k.size
     if mw.size != n or lat.shape != (n, n):
-        raise UsageError(f"BNO needs one OPS and one memory value per rank and an NxN latency "
-                         f"matrix; got {n} OPS, {mw.size} memory values, latency {lat.shape}")
+        raise UsageError(
+            f"BNO needs one OPS and one memory value per rank and an NxN latency "
+            f"matrix; got {n} OPS, {mw.size} memory values, latency {lat.shape}"
+        )
     ncw_sum = _network_weight_sums(lat)
     raw = (k + mw + ncw_sum) / 3.0 * base_batch_size
     sizes = np.maximum(np.floor(raw + FLOOR_EPS), 1).astype(np.int64)

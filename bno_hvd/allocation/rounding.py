@@ -9,17 +9,19 @@
    ``lower``) is taken back from the ranks with the smallest remainder that are above ``lower``.
    If more units remain than ranks with room, every such rank gets the same bulk amount first.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import UsageError
 
 
-def round_to_total(values: Sequence[float], total: int, lower: int = 1,
-                   upper: Sequence[int | None] | None = None) -> list[int]:
+def round_to_total(
+    values: Sequence[float], total: int, lower: int = 1, upper: Sequence[int | None] | None = None
+) -> list[int]:
     """Integers ``b_i`` in ``[lower, upper_i]`` with ``sum(b) == total``, close to ``values``.
 
     ``upper`` is one cap per rank (None = no cap). Raises :class:`UsageError` when no such
@@ -40,11 +42,15 @@ def round_to_total(values: Sequence[float], total: int, lower: int = 1,
     total = int(total)
     lo, hi = _bounds(n, lower, upper)
     if total < n * lower:
-        raise UsageError(f"global batch {total} is smaller than {n} ranks x {lower} sample(s); "
-                         f"use a global batch of at least {n * lower}")
+        raise UsageError(
+            f"global batch {total} is smaller than {n} ranks x {lower} sample(s); "
+            f"use a global batch of at least {n * lower}"
+        )
     if total > hi.sum():
-        raise UsageError(f"global batch {total} exceeds the ranks' combined memory caps "
-                         f"({int(hi.sum())}); lower the global batch or free memory")
+        raise UsageError(
+            f"global batch {total} exceeds the ranks' combined memory caps "
+            f"({int(hi.sum())}); lower the global batch or free memory"
+        )
     v = np.maximum(v, 0.0)
     s = v.sum()
     target = v * (total / s) if s > 0 else np.full(n, total / n)
@@ -68,13 +74,13 @@ def _bounds(n: int, lower: int, upper) -> tuple[np.ndarray, np.ndarray]:
     hi = np.array([big if u is None else int(u) for u in upper], dtype=np.int64)
     if (hi < lo).any():
         i = int(np.flatnonzero(hi < lo)[0])
-        raise UsageError(f"rank {i} has batch cap {hi[i]} below the minimum {lower}; "
-                         "free memory on that rank or drop it")
+        raise UsageError(
+            f"rank {i} has batch cap {hi[i]} below the minimum {lower}; free memory on that rank or drop it"
+        )
     return lo, hi
 
 
-def _distribute(out: np.ndarray, remainder: np.ndarray, left: int, lo: np.ndarray,
-                hi: np.ndarray) -> None:
+def _distribute(out: np.ndarray, remainder: np.ndarray, left: int, lo: np.ndarray, hi: np.ndarray) -> None:
     """Add ``left`` (may be negative) to ``out`` in place, one unit per rank per pass."""
     step = 1 if left > 0 else -1
     first_pass = True

@@ -5,9 +5,10 @@ A strategy is pure: it never talks to MPI and never reads a clock; every number 
 and broadcasts the result.
 
 Warnings: when a strategy cannot use this round's metrics it keeps ``current`` and sets
-``last_warning`` (reset to None at the start of every ``rebalance``). ``warnings`` collects each
-distinct message once over the strategy's lifetime, so a caller can print them exactly once.
+``last_warning`` (reset to None at the start of every ``rebalance``): part of the result of that
+call, which the control plane passes on to the one warning channel (:class:`bno_hvd.errors.WarningLog`).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -34,13 +35,18 @@ class Strategy:
     name: str = "base"
     OPTIONS: dict[str, Any] = {}
 
-    def __init__(self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None,
-                 seed: int = 0, **options):
+    def __init__(
+        self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None, seed: int = 0, **options
+    ):
         _check_int("number of ranks", n_ranks, 1)
-        _check_int("base batch size (--batch-size)", base_batch_size, 1)
+        _check_int("base batch size (--base-batch-size)", base_batch_size, 1)
         if global_batch is not None:
-            _check_int("global batch (--global-batch)", global_batch, n_ranks,
-                       hint=f"each of the {n_ranks} ranks needs at least one sample")
+            _check_int(
+                "global batch (--global-batch)",
+                global_batch,
+                n_ranks,
+                hint=f"each of the {n_ranks} ranks needs at least one sample",
+            )
         _check_int("seed", seed, 0)
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
@@ -51,7 +57,6 @@ class Strategy:
         self.global_batch = int(global_batch) if global_batch is not None else self.n_ranks * self.base_batch_size
         self.seed = int(seed)
         self.options = {**self.OPTIONS, **options}
-        self.warnings: list[str] = []
         self.last_warning: str | None = None
 
     @property
@@ -74,9 +79,11 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         """Restore from :meth:`state_dict`; a checkpoint of another strategy/size is refused."""
         if state.get("strategy") != self.name or state.get("n_ranks") != self.n_ranks:
-            raise UsageError(f"checkpoint holds strategy {state.get('strategy')!r} for "
-                             f"{state.get('n_ranks')} ranks, but this run uses '{self.name}' on "
-                             f"{self.n_ranks}; resume with the same --strategy and process count")
+            raise UsageError(
+                f"checkpoint holds strategy {state.get('strategy')!r} for "
+                f"{state.get('n_ranks')} ranks, but this run uses '{self.name}' on "
+                f"{self.n_ranks}; resume with the same --strategy and process count"
+            )
 
     # -- helpers for subclasses -------------------------------------------------------------
 
@@ -90,8 +97,6 @@ class Strategy:
 
     def _warn(self, message: str) -> None:
         self.last_warning = message
-        if message not in self.warnings:
-            self.warnings.append(message)
 
     def _split(self, weights, metrics: ClusterMetrics | None = None) -> list[int]:
         """The fixed global batch split proportional to ``weights``, within the memory caps."""

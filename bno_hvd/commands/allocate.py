@@ -1,101 +1,118 @@
 """``bno-hvd allocate`` (offline, from a metrics file) and ``bno-hvd probe`` (under horovodrun)."""
+
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import click
 
 from ..allocation import STRATEGY_NAMES, make_strategy
 from ..allocation.metrics_file import load_metrics_file, metrics_to_json
-from ..catalog import MODEL_NAMES
+from ..errors import UsageError
+from ..parsing import parse_int_list
 
 
 @click.command()
-@click.option("--metrics", "metrics_path", required=True, type=click.Path(dir_okay=False),
-              help="JSON with ops (per rank), memory_used (bytes) and latency (NxN seconds).")
-@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default="bno", show_default=True, help="Allocation strategy.")
+@click.option(
+    "--metrics",
+    "metrics_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="JSON with ops (per rank), memory_used (bytes) and latency (NxN seconds).",
+)
+@click.option(
+    "--strategy", type=click.Choice(STRATEGY_NAMES), default="bno", show_default=True, help="Allocation strategy."
+)
 @click.option("--base-batch-size", type=int, default=32, show_default=True, help="Baseline batch size B.")
 @click.option("--global-batch", type=int, default=None, help="Global batch for strategies that keep it fixed.")
 @click.option("--batch-sizes", default=None, help="For --strategy fixed.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed (random strategy).")
 def allocate(metrics_path, strategy, base_batch_size, global_batch, batch_sizes, seed):
     """Compute an allocation offline and print JSON {"batch_sizes": [...]}."""
-    from ..cli import parse_int_list
-    from ..errors import UsageError
     if base_batch_size < 1:
         raise UsageError(f"--base-batch-size must be a positive integer, got {base_batch_size}")
     metrics = load_metrics_file(metrics_path)
     t0 = time.perf_counter()
-    strat = make_strategy(strategy, metrics.n, base_batch_size, global_batch=global_batch, seed=seed,
-                          batch_sizes=list(parse_int_list(batch_sizes, "--batch-sizes") or []) or None)
+    strat = make_strategy(
+        strategy,
+        metrics.n,
+        base_batch_size,
+        global_batch=global_batch,
+        seed=seed,
+        batch_sizes=list(parse_int_list(batch_sizes, "--batch-sizes") or []) or None,
+    )
     sizes = strat.rebalance(metrics, strat.initial(), 0)
     seconds = time.perf_counter() - t0
-    click.echo(json.dumps({"batch_sizes": [int(b) for b in sizes], "strategy": strategy,
-                           "ranks": metrics.n, "seconds": round(seconds, 6)}))
+    click.echo(
+        json.dumps(
+            {
+                "batch_sizes": [int(b) for b in sizes],
+                "strategy": strategy,
+                "ranks": metrics.n,
+                "seconds": round(seconds, 6),
+            }
+        )
+    )
 
 
 @click.command()
 @click.option("--steps", type=int, default=20, show_default=True, help="Forward+backward steps to time per rank.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size of the timed steps.")
-@click.option("--model", type=click.Choice(MODEL_NAMES), default="cnn", show_default=True, help="Model whose steps are timed.")
+@click.option("--model", default="cnn", show_default=True, help="Model whose steps are timed (as train's --model).")
 @click.option("--probe-bytes", type=int, default=65536, show_default=True, help="Ping-pong payload.")
 @click.option("--repeats", type=int, default=5, show_default=True, help="Ping-pongs per pair and direction.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the metrics JSON that `bno-hvd allocate --metrics` reads.")
-@click.option("--max-rounds", type=int, default=None,
-              help="Probe only this many pairing rounds (sampled pairs, constant cost per rank); default all N-1.")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the metrics JSON that `bno-hvd allocate --metrics` reads.",
+)
+@click.option(
+    "--max-rounds",
+    type=int,
+    default=None,
+    help="Probe only this many pairing rounds (sampled pairs, constant cost per rank); default all N-1.",
+)
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
 def probe(steps, batch_size, model, probe_bytes, repeats, out_path, max_rounds, threads):
     """Measure OPS, memory and the latency matrix on every rank (under horovodrun)."""
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-    from mpi4py import MPI
-
-    from ..control.latency import measure_latency_row
-    from ..control.monitor import process_memory_bytes
-    from ..control.schedule import complete_matrix
-    from ..errors import UsageError
-    from ..models import build_model
     if steps < 1 or batch_size < 1 or repeats < 1 or probe_bytes < 8 or (max_rounds is not None and max_rounds < 1):
         raise UsageError("--steps, --batch-size, --repeats and --max-rounds must be >= 1 and --probe-bytes >= 8")
+    # torch and MPI load only here (the CLI itself starts in a tenth of a second)
+    import torch
+    from mpi4py import MPI
+
+    from ..atomic import write_json_atomic
+    from ..control.probe import probe_cluster
+    from ..models import build_model
+
     comm = MPI.COMM_WORLD.Dup()
-    rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(threads)
-    torch.manual_seed(rank)
-    net = build_model(model)
-    x, y = torch.randn(batch_size, 1, 28, 28), torch.randint(0, 10, (batch_size,))
-    F.cross_entropy(net(x), y).backward()  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        net.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-    ops = steps * batch_size / (time.perf_counter() - t0)
-    t1 = time.perf_counter()
-    row = measure_latency_row(comm, payload_bytes=probe_bytes, repeats=repeats, max_rounds=max_rounds)
-    probe_seconds = time.perf_counter() - t1
-    rows = comm.gather(row.tolist(), root=0)
-    ops_all = comm.gather(ops, root=0)
-    mem_all = comm.gather(process_memory_bytes(), root=0)
-    probe_all = comm.gather(probe_seconds, root=0)
-    if rank == 0:
-        latency = complete_matrix(np.array(rows))
+    torch.manual_seed(comm.Get_rank())
+    metrics, seconds = probe_cluster(
+        comm,
+        build_model(model),
+        batch_size=batch_size,
+        steps=steps,
+        probe_bytes=probe_bytes,
+        repeats=repeats,
+        max_rounds=max_rounds,
+    )
+    if metrics is not None:
         click.echo(f"{'rank':>4} {'ops (samples/s)':>16} {'memory (MiB)':>13} {'probe (ms)':>11}")
-        for r in range(size):
-            click.echo(f"{r:>4} {ops_all[r]:>16.1f} {mem_all[r] / 2**20:>13.1f} {probe_all[r] * 1e3:>11.2f}")
+        for r in range(metrics.n):
+            click.echo(
+                f"{r:>4} {metrics.ops[r]:>16.1f} {metrics.memory_used[r] / 2**20:>13.1f} {seconds[r] * 1e3:>11.2f}"
+            )
         click.echo(f"latency matrix NL_ij (ms), {probe_bytes}-byte ping-pong, median of {repeats}:")
-        for r in range(size):
-            click.echo("  " + " ".join(f"{v * 1e3:8.3f}" for v in latency[r]))
+        for row in metrics.latency:
+            click.echo("  " + " ".join(f"{v * 1e3:8.3f}" for v in row))
         if out_path:
-            from ..allocation import ClusterMetrics
-            from ..runlog import write_json_atomic
-            metrics = ClusterMetrics(ops=ops_all, memory_used=mem_all, latency=latency.tolist())
             write_json_atomic(out_path, metrics_to_json(metrics))
             click.echo(f"wrote {out_path}")
     comm.Barrier()
-    sys.stdout.flush()
 
 
 COMMANDS = [allocate, probe]

@@ -1,4 +1,5 @@
 """``bno-hvd cli-reference``: every command and flag as Markdown (README's reference section)."""
+
 from __future__ import annotations
 
 import click
@@ -12,7 +13,7 @@ def command_reference(group: click.Group) -> str:
         if cmd.hidden:
             continue
         lines.append(f"#### `bno-hvd {name}`")
-        lines.append((cmd.help or "").strip().splitlines()[0] if cmd.help else "")
+        lines.append(" ".join((cmd.help or "").split()))
         lines.append("")
         for param in cmd.params:
             if getattr(param, "hidden", False):  # e.g. train's --inject-fault, for tests only
@@ -26,8 +27,12 @@ def command_reference(group: click.Group) -> str:
                 extra.append("one of " + "|".join(param.type.choices))
             if param.default is not None and param.show_default and not param.is_flag:
                 extra.append(f"default {param.default}")
+            if param.is_flag and param.secondary_opts:
+                extra.append(f"default {param.opts[0] if param.default else param.secondary_opts[0]}")
             tail = f" ({'; '.join(extra)})" if extra else ""
-            lines.append(f"- {flags}: {param.help or ''}{tail}")
+            if not param.help:
+                raise ValueError(f"bno-hvd {name} {flags} has no help text; every flag needs one")
+            lines.append(f"- {flags}: {param.help}{tail}")
         lines.append("")
     return "\n".join(lines)
 
@@ -35,8 +40,7 @@ def command_reference(group: click.Group) -> str:
 @click.command("cli-reference", hidden=True)
 def cli_reference():
     """Print the Markdown CLI reference that README.md embeds."""
-    from ..cli import main
-    click.echo(command_reference(main))
+    click.echo(command_reference(click.get_current_context().find_root().command))
 
 
 COMMANDS = [cli_reference]

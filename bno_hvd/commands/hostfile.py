@@ -1,20 +1,25 @@
 """``bno-hvd check-hostfile``: validate a hostfile before horovodrun reads it."""
+
 from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
 from ..hostfile import check_hosts_resolvable, parse_hostfile, total_slots, write_clean_hostfile
 
 
 @click.command("check-hostfile")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--np", "np_", type=int, default=None, help="Fail unless the hostfile has at least this many slots.")
-@click.option("--write-clean", type=click.Path(dir_okay=False), default=None,
-              help="Write a normalised copy (no comments or blank lines) for horovodrun.")
+@click.option(
+    "--write-clean",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a normalised copy (no comments or blank lines) for horovodrun.",
+)
 @click.option("--resolve/--no-resolve", default=True, show_default=True, help="Check that every host resolves.")
 def check_hostfile(path, np_, write_clean, resolve):
     """Validate PATH (blank lines, comments, slots=N) and print the host list."""
-    from ..errors import UsageError
     hosts = parse_hostfile(path)
     if resolve:
         check_hosts_resolvable(hosts)

@@ -1,1 +1,2 @@
-"""The mpi4py control plane: the only package (with ``bno_hvd.hvd``) that talks MPI."""
+"""The mpi4py control plane: gather to rank 0, allocate, broadcast; latency probing; the
+background monitor. With :mod:`bno_hvd.world`, the only code that talks MPI directly."""

@@ -4,6 +4,7 @@ Every function takes the communicator as an argument. Waiting uses ``Test`` poll
 sleeps after a short spin, so a probe running on a background thread does not steal the
 cores that the training computes on (Open MPI's blocking receive spins).
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ def ping_pong(comm, partner: int, initiator: bool, payload: np.ndarray, repeats:
     return float(np.median(times)) if times else float("nan")
 
 
-def measure_latency_row(comm, *, payload_bytes: int = 65536, repeats: int = 3,
-                        refresh: int = 0, max_rounds: int | None = None) -> np.ndarray:
+def measure_latency_row(
+    comm, *, payload_bytes: int = 65536, repeats: int = 3, refresh: int = 0, max_rounds: int | None = None
+) -> np.ndarray:
     """This rank's row of NL (seconds), NaN for pairs not probed in this refresh; NL_ii = 0.
 
     All ranks of ``comm`` must call it together. For a pair, each side initiates once, so

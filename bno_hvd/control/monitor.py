@@ -5,6 +5,7 @@ The latency prober runs on its own duplicated communicator, so its messages neve
 the control plane's or Horovod's. All ranks' probers wake at the same wall-clock multiples of
 ``interval`` so that partners meet without long waits.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,17 +18,23 @@ import psutil
 
 from .latency import measure_latency_row
 
+LATENCY_INTERVAL = 5.0  # s between latency probes
+PROBE_BYTES = 65536  # ping-pong payload
+MEMORY_INTERVAL = 0.5  # s between memory samples
+
 
 def process_memory_bytes(device: str = "cpu") -> float:
     """Memory in use by this rank: GPU memory on a CUDA device, else the process RSS."""
     if device.startswith("cuda"):
         try:
             import torch
+
             return float(torch.cuda.memory_allocated(device))
         except Exception:  # noqa: BLE001 - fall back to NVML, then RSS
             pass
         try:
             import pynvml  # nvidia-ml-py; fails soft without an NVIDIA driver
+
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[-1] or 0))
             return float(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
@@ -48,9 +55,17 @@ class MetricsMonitor:
         mon.stop()
     """
 
-    def __init__(self, comm=None, *, device: str = "cpu", memory_interval: float = 0.5,
-                 latency_interval: float = 5.0, payload_bytes: int = 65536, repeats: int = 3,
-                 max_rounds: int | None = 8):
+    def __init__(
+        self,
+        comm=None,
+        *,
+        device: str = "cpu",
+        memory_interval: float = MEMORY_INTERVAL,
+        latency_interval: float = LATENCY_INTERVAL,
+        payload_bytes: int = PROBE_BYTES,
+        repeats: int = 3,
+        max_rounds: int | None = 8,
+    ):
         self.comm = comm
         self.device = device
         self.memory_interval = memory_interval
@@ -75,8 +90,13 @@ class MetricsMonitor:
     def probe_latency_now(self) -> np.ndarray:
         """Measure the latency row once (collective over the monitor's comm)."""
         t0 = time.perf_counter()
-        row = measure_latency_row(self.comm, payload_bytes=self.payload_bytes, repeats=self.repeats,
-                                  refresh=self._refresh, max_rounds=self.max_rounds)
+        row = measure_latency_row(
+            self.comm,
+            payload_bytes=self.payload_bytes,
+            repeats=self.repeats,
+            refresh=self._refresh,
+            max_rounds=self.max_rounds,
+        )
         self.probe_seconds.append(time.perf_counter() - t0)
         self._refresh += 1
         with self._lock:
@@ -94,6 +114,7 @@ class MetricsMonitor:
         """Collective: True when any rank asked its monitor to stop (so all stop together,
         and no prober is left waiting for a partner that has gone)."""
         from mpi4py import MPI
+
         flag = np.array([1 if self._stop.is_set() else 0], dtype=np.int32)
         out = np.zeros(1, dtype=np.int32)
         req = self.comm.Iallreduce(flag, out, op=MPI.MAX)
@@ -130,7 +151,7 @@ class MetricsMonitor:
     def _next_tick(self, now: float) -> float:
         return (math.floor(now / self.latency_interval) + 1) * self.latency_interval
 
-    def start(self) -> "MetricsMonitor":
+    def start(self) -> MetricsMonitor:
         self._thread = threading.Thread(target=self._run, name="bno-metrics", daemon=True)
         self._thread.start()
         return self

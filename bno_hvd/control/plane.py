@@ -3,6 +3,7 @@
 Horovod does the gradient allreduce; this module carries only control traffic, on a
 communicator the caller reserves for it (``MPI.COMM_WORLD.Dup()``).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,11 +18,12 @@ class RankReport:
     """What one rank tells rank 0 at a rebalance."""
 
     rank: int
-    ops: float | None                       # samples/s of its compute phase
-    memory_used: float                      # bytes
-    latency_row: list[float]                # seconds to every rank, NaN where unknown
+    ops: float | None  # samples/s of its compute phase
+    memory_used: float  # bytes
+    latency_row: list[float]  # seconds to every rank, NaN where unknown
     compute_samples: list[tuple[int, float]] = field(default_factory=list)
     max_batch: int | None = None
+    warnings: list[str] = field(default_factory=list)  # this rank's new warnings, for rank 0 to show
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -53,8 +55,8 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
 @dataclass
 class RebalanceResult:
     batch_sizes: list[int]
-    seconds: float                 # gather + compute + broadcast, as seen by this rank
-    warning: str | None = None     # set on rank 0 when the strategy kept the old allocation
+    seconds: float  # gather + compute + broadcast, as seen by this rank
+    warnings: list[str] = field(default_factory=list)  # rank 0: the strategy's and every rank's
     memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
 
 
@@ -82,14 +84,14 @@ class ControlPlane:
         """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
         t0 = time.perf_counter()
         reports = self.gather(report)
-        sizes, warning = None, None
+        sizes, warnings, memory = None, [], None
         if self.rank == 0:
             sizes, warning = allocate_on_root(strategy, reports, current, update)
+            warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
+            memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
         sizes = self.broadcast(sizes)
         assert len(sizes) == self.size and all(b >= 1 for b in sizes)
-        memory = ([r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
-                  if self.rank == 0 else None)
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warning, memory)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory)
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):
@@ -101,7 +103,7 @@ def allocate_on_root(strategy, reports: list[RankReport], current: list[int], up
         sizes = strategy.rebalance(reports_to_metrics(reports), list(current), update)
     except (ValueError, ArithmeticError) as err:
         return list(current), f"allocation failed ({err}); kept the last allocation"
-    warning = getattr(strategy, "last_warning", None)
+    warning = strategy.last_warning
     sizes = [int(b) for b in sizes]
     if len(sizes) != len(current) or any(b < 1 for b in sizes):
         return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"

@@ -6,6 +6,7 @@ twice in a round. For large N the probe samples ``max_rounds`` of those rounds p
 (rotating through them), so a rank's cost per refresh stays constant instead of growing
 with N; unmeasured pairs are filled in by :func:`complete_matrix`.
 """
+
 from __future__ import annotations
 
 import numpy as np

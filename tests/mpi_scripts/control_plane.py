@@ -3,11 +3,13 @@
 Each rank reports known numbers (ops = 100 (r+1)); every rank recomputes the expected
 allocation locally from the same closed-form inputs and checks what rank 0 broadcast.
 """
+
 import json
 import sys
+import time
 
-from mpi4py import MPI
 import numpy as np
+from mpi4py import MPI
 
 from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.paper import bno_batch_sizes
@@ -32,28 +34,35 @@ if size > 1 and not (np.all(np.isfinite(off)) and np.all(off > 0)):
     failures.append(f"off-diagonal not positive finite: {off}")
 
 # 2. gather -> bno on rank 0 -> broadcast
-report = RankReport(rank=rank, ops=100.0 * (rank + 1), memory_used=1e6 * (rank + 1),
-                    latency_row=lat[rank].tolist(), compute_samples=[(32, 0.32 / (rank + 1))])
+report = RankReport(
+    rank=rank,
+    ops=100.0 * (rank + 1),
+    memory_used=1e6 * (rank + 1),
+    latency_row=lat[rank].tolist(),
+    compute_samples=[(32, 0.32 / (rank + 1))],
+)
 plane = ControlPlane(comm)
 strategy = make_strategy("bno", size, 32)
 result = plane.rebalance(strategy, report, [32] * size, update=10)
 sym = (lat + lat.T) / 2  # what rank 0 sees after completing the matrix
-expected = bno_batch_sizes([100.0 * (r + 1) for r in range(size)], [1e6 * (r + 1) for r in range(size)], sym.tolist(), 32)
+expected = bno_batch_sizes(
+    [100.0 * (r + 1) for r in range(size)], [1e6 * (r + 1) for r in range(size)], sym.tolist(), 32
+)
 if result.batch_sizes != expected:
     failures.append(f"bno broadcast {result.batch_sizes} != expected {expected}")
 
 # 3. a rank with a non-finite metric does not poison the allocation
-bad = RankReport(rank=rank, ops=float("nan") if rank == size - 1 else 50.0, memory_used=1.0,
-                 latency_row=lat[rank].tolist())
+bad = RankReport(
+    rank=rank, ops=float("nan") if rank == size - 1 else 50.0, memory_used=1.0, latency_row=lat[rank].tolist()
+)
 kept = plane.rebalance(make_strategy("bno", size, 32), bad, [7] * size, update=20)
 if kept.batch_sizes != [7] * size:
     failures.append(f"non-finite metrics changed the allocation: {kept.batch_sizes}")
-if rank == 0 and size > 1 and not kept.warning:
+if rank == 0 and size > 1 and not kept.warnings:
     failures.append("no warning for non-finite metrics")
 
 # 4. the background monitor probes latency and stops collectively
 mon = MetricsMonitor(MPI.COMM_WORLD.Dup(), latency_interval=0.3, payload_bytes=1024).start()
-import time
 deadline = time.time() + 20
 while size > 1 and np.isnan(mon.latest_row()).any() and time.time() < deadline:
     time.sleep(0.05)
@@ -63,8 +72,14 @@ if size > 1 and np.isnan(mon.latest_row()).any():
 if mon.memory_used <= 0:
     failures.append("monitor memory not measured")
 
-record = {"rank": rank, "size": size, "sizes": result.batch_sizes, "failures": failures,
-          "control_seconds": result.seconds, "latency_ms": (lat[rank] * 1e3).tolist()}
+record = {
+    "rank": rank,
+    "size": size,
+    "sizes": result.batch_sizes,
+    "failures": failures,
+    "control_seconds": result.seconds,
+    "latency_ms": (lat[rank] * 1e3).tolist(),
+}
 # one file per rank: mpirun may interleave the ranks' stdout lines
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as fh:
     json.dump(record, fh)

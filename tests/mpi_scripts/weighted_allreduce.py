@@ -1,10 +1,11 @@
 """Rank r holds r+1 samples of value r. The sample-weighted Horovod Sum-allreduce of the
 local means must equal sum r(r+1) / sum (r+1), computed locally in closed form."""
+
 import sys
 
-from mpi4py import MPI  # noqa: F401
 import horovod.torch as hvd
 import torch
+from mpi4py import MPI  # noqa: F401
 
 from bno_hvd.weighting import rank_weight
 

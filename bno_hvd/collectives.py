@@ -1,0 +1,55 @@
+"""The Horovod operations of the training loop, done so that they cost a starved rank little CPU.
+
+On a rank with a CPU quota every thread spends the same quota as the model. Two things in a
+plain Horovod loop burn it while the rank only waits:
+
+- ``optimizer.step()`` waits for the gradient allreduce in Horovod's ``WaitAndClear``, a loop of
+  ``std::this_thread::yield()``: the main thread spins at 100% of the quota while Horovod's
+  background thread needs that quota to do the allreduce. :func:`wait_for_allreduce` polls the
+  handles and sleeps in between (backing off from 0.1 ms to 2 ms), so ``step()`` then finds them
+  done. Measured (4 ranks, CNN, quotas 0.5,0.5,0.5,0.17 of a core): an update of 40,40,40,8
+  samples fell from 189 ms to 65 ms.
+- a second, blocking allreduce per update just to log the global loss: :class:`LossSum` submits
+  it right after ``backward()``, so it rides in the gradients' negotiation cycle, and reads it
+  after the step.
+"""
+
+from __future__ import annotations
+
+import time
+
+POLL_FIRST, POLL_MAX = 1e-4, 2e-3  # seconds between polls: first, and the cap of the back-off
+
+
+def wait_for_allreduce(hvd, optimizer, extra=()) -> None:
+    """Return when every gradient allreduce in flight (and the ``extra`` handles) has finished,
+    sleeping instead of spinning. ``optimizer`` is a ``hvd.DistributedOptimizer``."""
+    # _handles holds (handle, ctx) per parameter (or group) whose allreduce was submitted by the
+    # backward hooks; None for parameters still accumulating. A handle may also be a callable
+    # (Horovod's own sparse path): step() resolves those itself.
+    handles = [h for h, _ in getattr(optimizer, "_handles", {}).values() if isinstance(h, int)]
+    delay = POLL_FIRST
+    for handle in list(handles) + [h for h in extra if h is not None]:
+        while not hvd.poll(handle):
+            time.sleep(delay)
+            delay = min(POLL_MAX, 2 * delay)
+
+
+class LossSum:
+    """The weighted loss summed over ranks (= the mean loss over the global batch), allreduced
+    asynchronously beside the gradients.
+
+    Usage::
+
+        loss_sum = LossSum(hvd, loss * step.weight)   # after backward()
+        wait_for_allreduce(hvd, optimizer, [loss_sum.handle])
+        optimizer.step()
+        value = loss_sum.value()
+    """
+
+    def __init__(self, hvd, weighted_loss):
+        self.hvd = hvd
+        self.handle = hvd.allreduce_async(weighted_loss.detach().reshape(1).double(), op=hvd.Sum, name="bno.loss")
+
+    def value(self) -> float:
+        return float(self.hvd.synchronize(self.handle).item())

@@ -1,0 +1,127 @@
+"""Several training runs one after another in one job: ``bno-hvd bench`` (strategies side by side)
+and ``bno-hvd experiment`` (the paper's models x strategies). Every rank runs this; rank 0
+summarises and writes. Runs share the job's MPI world and Horovod, not their state.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+
+from .atomic import write_json_atomic
+from .bench import BenchSummary, recovery_intervals, rolling_efficiency, summarize, with_speedups
+from .emulation import load_schedule
+from .errors import TrainingError
+from .experiment import merge_experiment
+from .heterogeneity import describe, label
+from .parsing import RankSchedule
+from .report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
+from .train import run_training
+
+
+@dataclass
+class BenchOutcome:
+    """Rank 0's result of a bench: the table rows, the label, recovery per strategy."""
+
+    summaries: list[BenchSummary]
+    label: str
+    recovery: dict[str, list] | None = None
+    changes: list[int] = field(default_factory=list)
+
+
+def heterogeneity_of(cfg, size: int) -> tuple[str, list[int]]:
+    """The label of runs under ``cfg`` and the updates at which their speeds change."""
+    speeds = None
+    if cfg.emulate_schedule:
+        speeds = load_schedule(cfg.emulate_schedule, size)
+    elif cfg.emulate_speed:
+        speeds = RankSchedule.constant(cfg.emulate_speed)
+    changes = speeds.changes() if speeds is not None else []
+    return label(describe(speeds, cfg.emulate_rate)), changes
+
+
+def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
+    """Train ``base`` once per strategy in ``names``; rank 0 returns the summaries (others None)."""
+    runs = {}
+    for name in names:
+        if world.master:
+            echo(f"== {name}")
+        cfg = base.replace(strategy=name, log_dir=os.path.join(out_dir, "runs", name) if out_dir else None)
+        result = run_training(cfg, world)
+        gc.collect()  # free the finished run's model and optimizer before the next one
+        runs[name] = result
+    if not world.master:
+        return None
+    summaries = with_speedups([summarize(n, r.records, r.rank_steps, warmup) for n, r in runs.items()])
+    run_label, changes = heterogeneity_of(base, world.size)
+    recovery = None
+    if changes:
+        recovery = {
+            n: recovery_intervals(
+                rolling_efficiency(r.records, r.rank_steps, base.rebalance_every), changes, base.rebalance_every
+            )
+            for n, r in runs.items()
+        }
+    if out_dir:
+        write_bench_outputs(
+            out_dir,
+            summaries,
+            {n: r.records for n, r in runs.items()},
+            run_label,
+            recovery,
+            changes,
+            title=f"weight-update time per update ({base.model}, {world.size} ranks)",
+        )
+    return BenchOutcome(summaries, run_label, recovery, changes)
+
+
+def run_experiment(
+    base,
+    models: list[str],
+    strategies: list[str],
+    average_every: int,
+    target: float | None,
+    out_dir: str,
+    world,
+    command: str,
+    echo,
+) -> list[dict] | None:
+    """Every model x strategy; rank 0 writes the report and returns its rows (others None)."""
+    if world.master:
+        path = os.path.join(out_dir, "experiment.json")
+        write_json_atomic(
+            path,
+            merge_experiment(
+                read_experiment_meta(path),
+                {
+                    "models": models,
+                    "strategies": strategies,
+                    "updates": base.updates,
+                    "average_every": average_every,
+                    "eval_every": base.eval_every,
+                    "target_accuracy": target,
+                    "ranks": world.size,
+                    "emulation": heterogeneity_of(base, world.size)[0],
+                    "config": base.to_dict(),
+                    "command": command,
+                },
+            ),
+        )
+    for model in models:
+        for strategy in strategies:
+            log_dir = run_dir(out_dir, model, strategy)
+            if world.master:  # a failed run must not leave an older run's result behind
+                for stale in ("result.json", "ranks.json"):
+                    if os.path.exists(os.path.join(log_dir, stale)):
+                        os.remove(os.path.join(log_dir, stale))
+                echo(f"== {model} / {strategy}")
+            try:
+                run_training(base.replace(model=model, strategy=strategy, log_dir=log_dir), world)
+            except TrainingError as err:  # every rank sees the same global loss: all end here
+                if world.master:
+                    echo(f"bno-hvd: warning: {model}/{strategy} stopped: {err}")
+            # Horovod's optimizer hooks keep each finished model in reference cycles; without a
+            # full collection every run adds its model, gradients and momentum to the rank's RSS
+            gc.collect()
+    return write_experiment_report(out_dir, warn=echo) if world.master else None

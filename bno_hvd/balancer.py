@@ -9,7 +9,7 @@ Usage (README has the full example)::
     bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
     loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
-    for batch in loader:                                # one epoch
+    for batch in bal.batches(loader, updates=100):     # epoch after epoch
         step = bal.start_step(batch)                    # checks the batch, gives the loss weight
         x, y = batch.data
         opt.zero_grad()
@@ -149,6 +149,14 @@ class Balancer:
                 f"{self.sampler.dataset_len}; pass len(dataset) to Balancer"
             )
         return make_loader(self, dataset, **dataloader_kwargs)
+
+    def batches(self, loader, updates: int):
+        """``loader``'s batches, epoch after epoch, until ``updates`` updates are done."""
+        while self.update < updates:
+            for batch in loader:
+                if self.update >= updates:
+                    return
+                yield batch
 
     def agree_lag(self, depth: int) -> int:
         """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""

@@ -88,6 +88,13 @@ class TrainConfig:
             raise UsageError(f"--num-workers must be >= 0 (0: load in the training process), got {self.num_workers}")
         if self.allocation_lag is not None and self.allocation_lag < 1:
             raise UsageError(f"--allocation-lag must be a positive integer, got {self.allocation_lag}")
+        depth = self.num_workers * self.prefetch_factor
+        if self.allocation_lag is not None and self.allocation_lag < depth + 1:
+            raise UsageError(
+                f"--allocation-lag {self.allocation_lag} is too small: --num-workers {self.num_workers} x "
+                f"--prefetch-factor {self.prefetch_factor} reads {depth} batches ahead, so allocations need "
+                f"a lag of at least {depth + 1}; raise it or leave it unset"
+            )
         if self.num_classes is not None and not 1 <= self.num_classes <= 1_000_000:
             raise UsageError(f"--num-classes must be between 1 and 1000000, got {self.num_classes}")
         if not self.lr > 0 or self.lr == math.inf:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from bno_hvd.atomic import atomic_write
 from bno_hvd.catalog import DATASET_NAMES, SYNTHETIC_SIZE
 from bno_hvd.errors import UsageError
 
@@ -205,6 +206,33 @@ def _synthetic_uint8(split: str, size: int, seed: int) -> tuple[np.ndarray, np.n
     noise = rng.normal(0.0, 96.0, size=(n, IMAGE_SIZE, IMAGE_SIZE))
     images = np.clip(protos[labels] + noise, 0, 255).astype(np.uint8)
     return images, labels
+
+
+def torchvision_root(name: str = "fashion-mnist", data_dir: str | None = None, cache: str | None = None) -> str:
+    """A root directory laid out the way ``torchvision.datasets.FashionMNIST``/``MNIST`` read it
+    (``<root>/FashionMNIST/raw/train-images-idx3-ubyte``, ...), made once from the IDX files this
+    module finds (e.g. Debian's gzipped ones) by decompressing them into ``cache`` (default
+    ``~/.cache/bno-hvd/torchvision``). Use it with ``download=False``.
+
+    Usage::
+
+        train = torchvision.datasets.FashionMNIST(torchvision_root(), train=True, download=False)
+    """
+    if name not in ("fashion-mnist", "mnist"):
+        raise UsageError(f"torchvision_root knows fashion-mnist and mnist, not {name!r}")
+    root = os.path.expanduser(cache or os.path.join("~", ".cache", "bno-hvd", "torchvision"))
+    raw = os.path.join(root, "FashionMNIST" if name == "fashion-mnist" else "MNIST", "raw")
+    folders = _candidate_dirs(name, data_dir)
+    for stem in [s for pair in _FILE_STEMS.values() for s in pair]:
+        target = os.path.join(raw, stem)
+        if not os.path.exists(target):
+            source = _find_file(name, folders, stem)
+            opener = gzip.open if source.endswith(".gz") else open
+            with opener(source, "rb") as fh:
+                payload = fh.read()
+            _decode_idx(payload, source)  # an intact IDX file, or one clear error naming it
+            atomic_write(target, lambda out, data=payload: out.write(data), binary=True)
+    return root
 
 
 # -- what a run trains on ------------------------------------------------------------------------

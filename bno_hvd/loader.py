@@ -113,7 +113,11 @@ class KeyedDataset(Dataset):
 
     def _read(self, keys) -> list:
         if not self.seed_samples:
-            return [self.dataset[k[2]] for k in keys]
+            out = []
+            for _, _, index in keys:
+                self._current = index
+                out.append(self.dataset[index])
+            return out
         in_worker = get_worker_info() is not None
         saved = None if in_worker else (torch.get_rng_state(), random.getstate(), np.random.get_state())
         try:

@@ -34,50 +34,47 @@ def run_training(cfg, world, *, out=sys.stdout) -> RunResult:
     clock, records, steps, evals = Stopwatch(), [], [], []
     try:
         hooks.start(run)
-        while bal.update < cfg.updates:
-            for batch in run.loader:  # one epoch of this rank's batches
-                # -- this rank's step: forward, weighted loss, backward ------------------------
-                step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
-                hooks.before_compute(step)
-                lr = set_lr(opt, run.lr())
-                opt.zero_grad()
-                x, y = run.inputs(batch.data)
-                loss = hooks.loss(F.cross_entropy(model(x), y), step)
-                (loss * step.weight).backward()  # Horovod starts summing gradients here
-                hooks.after_compute(step)
-                bal.end_compute()
+        for batch in bal.batches(run.loader, cfg.updates):  # this rank's batches, epoch after epoch
+            # -- this rank's step: forward, weighted loss, backward ------------------------
+            step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
+            hooks.before_compute(step)
+            lr = set_lr(opt, run.lr())
+            opt.zero_grad()
+            x, y = run.inputs(batch.data)
+            loss = hooks.loss(F.cross_entropy(model(x), y), step)
+            (loss * step.weight).backward()  # Horovod starts summing gradients here
+            hooks.after_compute(step)
+            bal.end_compute()
 
-                # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
-                loss_sum = LossSum(hvd, loss * step.weight)
-                wait_for_allreduce(hvd, opt, [loss_sum.handle])
-                opt.step()
-                stats = bal.end_step()  # every K updates: rebalance via rank 0
+            # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
+            loss_sum = LossSum(hvd, loss * step.weight)
+            wait_for_allreduce(hvd, opt, [loss_sum.handle])
+            opt.step()
+            stats = bal.end_step()  # every K updates: rebalance via rank 0
 
-                # -- measure and log ------------------------------------------------------------
-                global_loss = loss_sum.value()
-                if not math.isfinite(global_loss):
-                    raise TrainingError(
-                        f"loss became {global_loss} at update {step.update}; lower --lr "
-                        "(the last good checkpoint, if any, is kept)"
-                    )
-                steps.append(stats.rank_step(step.size))
-                record = None
-                if world.master:
-                    record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)
-                    records.append(record)
-                    run.log.write(record)
-                    run.progress.update(record)
-                    for warning in bal.warnings.drain():
-                        print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
-                hooks.after_update(record, stats)
+            # -- measure and log ------------------------------------------------------------
+            global_loss = loss_sum.value()
+            if not math.isfinite(global_loss):
+                raise TrainingError(
+                    f"loss became {global_loss} at update {step.update}; lower --lr "
+                    "(the last good checkpoint, if any, is kept)"
+                )
+            steps.append(stats.rank_step(step.size))
+            record = None
+            if world.master:
+                record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)
+                records.append(record)
+                run.log.write(record)
+                run.progress.update(record)
+                for warning in bal.warnings.drain():
+                    print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
+            hooks.after_update(record, stats)
 
-                # -- evaluate, checkpoint ---------------------------------------------------------
-                if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
-                    evals.append(evaluation_point(run, sum(r.global_batch for r in records), clock))
-                if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
-                    save_training_state(cfg, world.control_comm, model, opt, bal)
-                if bal.update >= cfg.updates:
-                    break
+            # -- evaluate, checkpoint ---------------------------------------------------------
+            if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
+                evals.append(evaluation_point(run, sum(r.global_batch for r in records), clock))
+            if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
+                save_training_state(cfg, world.control_comm, model, opt, bal)
         return finish(run, clock, records, steps, evals, out)
     finally:
         run.close()

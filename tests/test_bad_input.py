@@ -99,6 +99,17 @@ CLI_CASES = [
         ["--keep-checkpoints must be a positive"],
     ),
     ("bad fault spec", ["--inject-fault", "explode:1:2"], ["--inject-fault entry 'explode:1:2'"]),
+    ("model module missing", ["--model", "no_such_package.models:net"], ["--model", "cannot import no_such_package"]),
+    ("model not a module", ["--model", "tests.user_model:not_a_module"], ["returned str, not a torch.nn.Module"]),
+    ("model function missing", ["--model", "tests.user_model:nothing"], ["has no function 'nothing'"]),
+    ("negative workers", ["--num-workers", "-1"], ["--num-workers must be >= 0"]),
+    ("zero prefetch", ["--num-workers", "2", "--prefetch-factor", "0"], ["--prefetch-factor must be a positive"]),
+    (
+        "lag too small",
+        ["--num-workers", "2", "--allocation-lag", "3"],
+        ["--allocation-lag 3 is too small", "at least 5"],
+    ),
+    ("imagefolder without dir", ["--dataset", "imagefolder"], ["--dataset imagefolder needs --data-dir"]),
 ]
 
 
@@ -124,6 +135,18 @@ def test_unreadable_paths(tmp_path):
         cli(*DRY, "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")), "mnist: missing train-images"
     )
     assert_cli_error(cli(*DRY, "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)), "fashion-mnist: missing")
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    assert_cli_error(
+        cli(*DRY, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "empty")),
+        "imagefolder",
+        "class folder",
+        "train",
+    )
+    (tmp_path / "noimg" / "train" / "cats").mkdir(parents=True)
+    (tmp_path / "noimg" / "train" / "cats" / "notes.txt").write_text("not an image")
+    assert_cli_error(
+        cli(*DRY, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "noimg")), "imagefolder", "no valid file"
+    )
     # and the same pre-flight accepts what is right (nothing is created by it)
     ok = cli(*DRY, "--log-dir", str(tmp_path / "new" / "logs"), "--checkpoint-dir", str(tmp_path / "ck"))
     assert ok.exit_code == 0 and ok.stdout.strip() == "ok", ok.stderr

@@ -21,7 +21,7 @@ def test_cli_reference_is_complete_and_current():
 def test_api_example_is_the_tested_file():
     example = open(os.path.join(ROOT, "examples", "custom_loop.py")).read()
     assert example in README
-    assert len(example.strip().splitlines()) <= 35
+    assert len(example.strip().splitlines()) <= 40  # setup, a DataLoader and the loop
 
 
 def test_ci_calls_readme_test_command():

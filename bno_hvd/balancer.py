@@ -48,6 +48,19 @@ class Step:
     weight: float  # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
     size: int  # this rank's batch
     indices: np.ndarray | None = None  # without a loader: this rank's sample indices
+    cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
+
+    @property
+    def micro_batches(self) -> int:
+        """Forward/backward passes this rank's batch takes under its memory cap."""
+        return 1 if self.cap is None else -(-self.size // self.cap)
+
+    def parts(self):
+        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the batch."""
+        per = self.size if self.cap is None else self.cap
+        for start in range(0, self.size, per):
+            stop = min(self.size, start + per)
+            yield slice(start, stop), (stop - start) / self.size
 
     @property
     def batch_size(self) -> int:
@@ -67,13 +80,20 @@ class StepStats:
     compute_seconds: float  # start of step -> end of backward (emulated wait included)
     sync_seconds: float  # end of backward -> optimizer step done (allreduce and waiting)
     cpu_seconds: float  # CPU time of this process (all threads) in the update
+    gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
 
     def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
         return RankStep(
-            batch, self.compute_seconds, self.sync_seconds, self.rebalance_seconds, self.cpu_seconds, micro_batches
+            batch,
+            self.compute_seconds,
+            self.sync_seconds,
+            self.rebalance_seconds,
+            self.cpu_seconds,
+            micro_batches,
+            self.gap_seconds,
         )
 
 
@@ -86,7 +106,8 @@ class Balancer:
     ``monitor`` is an optional started :class:`bno_hvd.control.monitor.MetricsMonitor`;
     ``max_batch`` this rank's memory cap in samples; ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.plan`); ``report_filter(report, update)``
-    may change what this rank reports (fault injection uses it).
+    may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
+    queued work before the end of compute is timed.
     """
 
     def __init__(
@@ -102,6 +123,7 @@ class Balancer:
         max_batch: int | None = None,
         lag: int | None = None,
         report_filter=None,
+        sync=None,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
@@ -112,6 +134,7 @@ class Balancer:
         self.monitor = monitor
         self.max_batch = max_batch
         self.report_filter = report_filter
+        self.sync = sync  # waits for the device's queued work before a clock is read (a GPU)
         self.sampler = UnevenSampler(dataset_len, seed=seed)
         self.window = StepWindow(window)
         self.fixed_lag = lag
@@ -119,7 +142,8 @@ class Balancer:
         self.plan = AllocationPlan(initial, lag=lag or 1)
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
-        self._t0 = self._t_compute = self._cpu0 = 0.0
+        self._t0 = self._t_compute = self._cpu0 = self._gap = 0.0
+        self._last_end: float | None = None  # when the previous update ended (end_step returned)
 
     # -- what the loop asks ---------------------------------------------------------------
 
@@ -181,15 +205,21 @@ class Balancer:
         else:
             indices, size = None, self._check(batch, update, sizes)
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
-        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices)
+        self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
+        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
         return self._step
 
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""
         step = self._require_step()
+        if self.sync is not None:
+            self.sync()
         self._t_compute = time.perf_counter()
         compute = self._t_compute - self._t0
-        self.window.add(step.size, compute)
+        # What the strategies see of this rank: its local time per update, i.e. compute plus the
+        # work before it (getting the batch, logging), which delays its arrival at the allreduce
+        # just like compute does - and on a CPU-starved rank is several times longer than elsewhere.
+        self.window.add(step.size, compute + self._gap)
         return compute
 
     def end_step(self) -> StepStats:
@@ -202,6 +232,7 @@ class Balancer:
             self._t_compute - self._t0,
             now - self._t_compute,
             time.process_time() - self._cpu0,
+            self._gap,
         )
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
@@ -214,6 +245,7 @@ class Balancer:
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
             stats.rank_memory = result.memory_used
+        self._last_end = time.perf_counter()
         return stats
 
     # -- the control plane ----------------------------------------------------------------

@@ -163,6 +163,47 @@ def recovery_intervals(
     return out
 
 
+@dataclass
+class RankBreakdown:
+    """Where one rank's updates go, averaged over the measured updates (seconds, and CPU share)."""
+
+    rank: int
+    batch: float
+    gap: float  # before its step: getting the batch, logging
+    compute: float  # forward and backward (emulated wait included)
+    sync: float  # the allreduce, including waiting for slower ranks
+    cpu_share: float  # CPU seconds used / wall seconds (all threads; 1.0 = one full core)
+
+
+def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0) -> list[RankBreakdown]:
+    out = []
+    for r, steps in enumerate(rank_steps):
+        s = steps[warmup:] or steps
+        n = max(1, len(s))
+        wall = sum(x.seconds for x in s)
+        out.append(
+            RankBreakdown(
+                r,
+                sum(x.batch for x in s) / n,
+                sum(x.gap for x in s) / n,
+                sum(x.compute for x in s) / n,
+                sum(x.sync for x in s) / n,
+                sum(x.cpu for x in s) / wall if wall > 0 else math.nan,
+            )
+        )
+    return out
+
+
+def format_breakdown(rows: list[RankBreakdown]) -> str:
+    head = f"{'rank':>6}{'batch':>8}{'gap ms':>9}{'compute ms':>12}{'sync ms':>10}{'CPU share':>11}"
+    lines = [head] + [
+        f"{r.rank:>6}{r.batch:>8.1f}{1e3 * r.gap:>9.1f}{1e3 * r.compute:>12.1f}{1e3 * r.sync:>10.1f}"
+        f"{r.cpu_share:>11.2f}"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
 TABLE_COLUMNS = (
     "strategy",
     "samples_per_s",

@@ -35,6 +35,26 @@ def wait_for_allreduce(hvd, optimizer, extra=()) -> None:
             delay = min(POLL_MAX, 2 * delay)
 
 
+def set_passes(optimizer, passes: int) -> None:
+    """Let Horovod accumulate ``passes`` backward passes (micro-batches) before it allreduces;
+    ranks may differ (a rank's allreduce starts after its own last pass)."""
+    if optimizer.backward_passes_per_step != passes:
+        optimizer.set_backward_passes_per_step(passes)
+
+
+def optimizer_step(optimizer, scaler=None) -> None:
+    """``optimizer.step()``; with a GradScaler (``--amp`` on a GPU) the way Horovod's examples do it:
+    finish the allreduce, unscale, step without synchronising again, update the scale."""
+    if scaler is None:
+        optimizer.step()
+        return
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+
+
 class LossSum:
     """The weighted loss summed over ranks (= the mean loss over the global batch), allreduced
     asynchronously beside the gradients.

@@ -24,13 +24,14 @@ from .balancer import Balancer
 from .checkpoint import restore_training_state
 from .config import TrainConfig
 from .control.monitor import MetricsMonitor
+from .cpuquota import CpuQuotaHook, find_place
 from .data import Datasets, load_datasets
-from .emulation import DeviceEmulator, EmulationHook, load_schedule
+from .device import Device, measure_cap
+from .emulation import DeviceEmulator, EmulationHook
 from .errors import UsageError
 from .faults import FaultInjector
 from .hooks import Hooks
 from .models import build_model
-from .parsing import RankSchedule
 from .runlog import Progress, UpdateLog, check_output_paths
 from .weighting import scaled_lr
 
@@ -40,13 +41,15 @@ class Prepared:
     """What :func:`prepare` checked and built (nothing collective yet)."""
 
     data: Datasets
+    device: Device
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     strategy: object
-    speeds: RankSchedule | None  # emulated device speeds, if any
+    heterogeneity: heterogeneity.Heterogeneity  # emulated speeds, real CPU quotas
+    cap: int | None  # this rank's memory cap (samples per forward/backward pass)
 
 
-def prepare(cfg: TrainConfig, rank: int, size: int) -> Prepared:
+def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0) -> Prepared:
     """Data, model, optimizer, strategy and schedules for ``size`` ranks; :class:`UsageError` on bad input."""
     cfg.check_world(size)
     data = load_datasets(
@@ -65,29 +68,31 @@ def prepare(cfg: TrainConfig, rank: int, size: int) -> Prepared:
         seed=cfg.seed,
         batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None,
     )
-    speeds = None
-    if cfg.emulate_schedule:
-        speeds = load_schedule(cfg.emulate_schedule, size)
-    elif cfg.emulate_speed:
-        speeds = RankSchedule.constant(cfg.emulate_speed)
+    hetero = heterogeneity.from_config(cfg, size)
+    if hetero.quotas is not None:
+        find_place()  # are cgroups writable here? one clear line if not, and nothing left behind
     if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint
         check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, cfg.num_classes or data.num_classes, data.input_shape)
-    model = model.to(getattr(torch, cfg.dtype))
+    device = Device.for_rank(cfg.device, local_rank, cfg.amp)
+    model = model.to(device=device.torch, dtype=getattr(torch, cfg.dtype))
+    cap = measure_cap(model, data.input_shape, device) if cfg.max_batch_auto else cfg.cap_of(rank)
     optimizer = (
         torch.optim.Adam(model.parameters(), lr=cfg.lr)
         if cfg.optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     )
-    return Prepared(data, model, optimizer, strategy, speeds)
+    return Prepared(data, device, model, optimizer, strategy, hetero, cap)
 
 
 def build_hooks(cfg: TrainConfig, prepared: Prepared, rank: int) -> Hooks:
     """The optional behaviour this run's flags ask for (none for a plain run)."""
-    hooks = []
-    if prepared.speeds is not None:
-        hooks.append(EmulationHook(DeviceEmulator(rank, cfg.emulate_rate, prepared.speeds)))
+    hooks, hetero = [], prepared.heterogeneity
+    if hetero.speeds is not None:
+        hooks.append(EmulationHook(DeviceEmulator(rank, hetero.rate, hetero.speeds)))
+    if hetero.quotas is not None:
+        hooks.append(CpuQuotaHook(hetero.quotas, rank, hetero.quota_period_us))
     if cfg.inject_fault:
         hooks.append(FaultInjector.parse(cfg.inject_fault, rank))
     return Hooks(hooks)
@@ -100,6 +105,7 @@ class Run:
     cfg: TrainConfig
     world: object  # bno_hvd.world.World
     data: Datasets
+    device: Device
     model: torch.nn.Module
     optimizer: object  # hvd.DistributedOptimizer
     strategy: object
@@ -111,16 +117,25 @@ class Run:
     progress: Progress
     heterogeneity: dict
     resumed_from: int | None = None
+    scaler: object = None  # a GradScaler with --amp on a GPU
+
+    def __post_init__(self) -> None:
+        self.scaler = self.device.grad_scaler()
 
     def lr(self) -> float:
         """The learning rate of the next update (follows the global batch where a strategy changes it)."""
         rule = self.cfg.lr_scaling if self.strategy.changes_global_batch else "none"
         return scaled_lr(self.cfg.lr, self.balancer.global_batch, self.world.size, self.cfg.base_batch_size, rule)
 
+    def backward(self, loss) -> None:
+        """``loss.backward()``, through the GradScaler with ``--amp`` on a GPU."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
     def inputs(self, data):
-        """A batch's images and labels, in the model's precision."""
+        """A batch's images and labels on the model's device, in its precision."""
         x, y = data
-        return x.to(getattr(torch, self.cfg.dtype)), y
+        dev = self.device.torch
+        return x.to(dev, getattr(torch, self.cfg.dtype), non_blocking=True), y.to(dev, non_blocking=True)
 
     def close(self) -> None:
         try:
@@ -138,7 +153,7 @@ def build_run(cfg: TrainConfig, world) -> Run:
     random.seed(cfg.seed)
     error, prepared = None, None
     try:
-        prepared = prepare(cfg, world.rank, world.size)
+        prepared = prepare(cfg, world.rank, world.size, world.local_rank)
     except UsageError as err:
         error = str(err)
     errors = world.control_comm.allgather(error)
@@ -150,7 +165,10 @@ def build_run(cfg: TrainConfig, world) -> Run:
     hvd = world.hvd
     hooks = build_hooks(cfg, prepared, world.rank)
     monitor = MetricsMonitor(
-        world.monitor_comm, latency_interval=cfg.latency_interval, payload_bytes=cfg.probe_bytes
+        world.monitor_comm,
+        device=prepared.device.name,
+        latency_interval=cfg.latency_interval,
+        payload_bytes=cfg.probe_bytes,
     ).start()
     try:
         balancer = Balancer(
@@ -160,9 +178,10 @@ def build_run(cfg: TrainConfig, world) -> Run:
             seed=cfg.seed,
             rebalance_every=cfg.rebalance_every,
             monitor=monitor,
-            max_batch=cfg.max_batch,
+            max_batch=prepared.cap,
             lag=cfg.allocation_lag,
             report_filter=hooks.report,
+            sync=prepared.device.synchronize,
         )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
         # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.
@@ -182,14 +201,14 @@ def build_run(cfg: TrainConfig, world) -> Run:
             prepared.data.train,
             num_workers=cfg.num_workers,
             prefetch_factor=cfg.prefetch_factor,
-            pin_memory=cfg.pin_memory,
+            pin_memory=cfg.pin_memory or prepared.device.is_cuda,
             persistent_workers=cfg.num_workers > 0,
         )
     except BaseException:
         monitor.stop()
         hooks.close()
         raise
-    description = heterogeneity.describe(prepared.speeds, cfg.emulate_rate)
+    description = prepared.heterogeneity.describe()
     meta = {
         "config": cfg.to_dict(),
         "world_size": world.size,
@@ -207,6 +226,7 @@ def build_run(cfg: TrainConfig, world) -> Run:
         cfg,
         world,
         prepared.data,
+        prepared.device,
         model,
         optimizer,
         prepared.strategy,

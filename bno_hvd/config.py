@@ -14,7 +14,7 @@ from .catalog import SYNTHETIC_SIZE
 from .control.monitor import LATENCY_INTERVAL, PROBE_BYTES
 from .errors import UsageError
 from .faults import parse_faults
-from .parsing import CAP
+from .parsing import CAP, check_per_rank
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class TrainConfig:
     batch_sizes: tuple[int, ...] | None = None  # for --strategy fixed
     global_batch: int | None = None  # for strategies that keep it fixed
     rebalance_every: int = 10
-    max_batch: int | None = None  # per-rank cap (memory limit, in samples)
+    max_batch: tuple[int, ...] | None = None  # memory cap per forward/backward pass: one, or one per rank
+    max_batch_auto: bool = False  # --max-batch auto: each GPU measures its own cap
     # -- the optimisation ---------------------------------------------------------------------
     updates: int = 600
     lr: float = 0.02
@@ -47,6 +48,8 @@ class TrainConfig:
     pin_memory: bool = False
     allocation_lag: int | None = None  # None: num_workers * prefetch_factor + 1
     # -- the machine --------------------------------------------------------------------------
+    device: str = "auto"  # auto: GPU local_rank where CUDA is available, else the CPU
+    amp: bool = False  # mixed precision (float16 + GradScaler on a GPU, bfloat16 on the CPU)
     threads: int = 1  # torch threads per rank
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
@@ -54,6 +57,9 @@ class TrainConfig:
     emulate_speed: tuple[float, ...] | None = None
     emulate_rate: float = 200.0
     emulate_schedule: str | None = None
+    cpu_quota: tuple[float, ...] | None = None  # REAL: share of one core per rank (cgroup)
+    cpu_quota_schedule: str | None = None
+    cpu_quota_period_ms: float | None = None  # None: 10 ms, longer where a small quota needs it
     # -- outputs ------------------------------------------------------------------------------
     log_dir: str | None = None
     save_model: str | None = None
@@ -108,6 +114,7 @@ class TrainConfig:
                 f"--emulate-rate must be a positive number of samples/s between 0.1 and 1e7, got {self.emulate_rate}"
             )
         for flag, value, choices in (
+            ("--device", self.device, ("auto", "cpu", "cuda")),
             ("--optimizer", self.optimizer, ("sgd", "adam")),
             ("--dtype", self.dtype, ("float32", "float64")),
             ("--lr-scaling", self.lr_scaling, ("linear", "none")),
@@ -118,8 +125,8 @@ class TrainConfig:
             raise UsageError(f"--batch-sizes must all be positive integers, got {','.join(map(str, self.batch_sizes))}")
         if self.global_batch is not None and self.global_batch < 1:
             raise UsageError(f"--global-batch must be a positive integer, got {self.global_batch}")
-        if self.max_batch is not None and self.max_batch < 1:
-            raise UsageError(f"--max-batch must be a positive integer, got {self.max_batch}")
+        if self.max_batch is not None and any(not 1 <= c <= CAP.high for c in self.max_batch):
+            raise UsageError(f"--max-batch caps must be integers {CAP.describe()}, got {_show(self.max_batch)}")
         if self.checkpoint_every < 0:
             raise UsageError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.checkpoint_every and not self.checkpoint_dir:
@@ -134,6 +141,10 @@ class TrainConfig:
             raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off) and at most 86400 s")
         if not self.probe_bytes >= 8:
             raise UsageError(f"probe_bytes must be >= 8, got {self.probe_bytes}")
+        if self.cpu_quota is not None and self.cpu_quota_schedule is not None:
+            raise UsageError("give --cpu-quota or --cpu-quota-schedule, not both")
+        if self.cpu_quota_period_ms is not None and not 1 <= self.cpu_quota_period_ms <= 1000:
+            raise UsageError(f"--cpu-quota-period must be between 1 and 1000 ms, got {self.cpu_quota_period_ms}")
         parse_faults(self.inject_fault)
 
     def check_world(self, size: int) -> None:
@@ -148,32 +159,23 @@ class TrainConfig:
             raise UsageError(
                 f"--emulate-speed has {len(self.emulate_speed)} entries but the job has {size} ranks; give one per rank"
             )
+        if self.cpu_quota is not None:
+            check_per_rank("--cpu-quota", len(self.cpu_quota), size)
         if self.global_batch is not None and self.global_batch < size:
             raise UsageError(
                 f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample"
             )
-        if self.max_batch is not None:
-            self._check_max_batch(size)
+        if self.max_batch is not None and len(self.max_batch) not in (1, size):
+            raise UsageError(
+                f"--max-batch has {len(self.max_batch)} entries but the job has {size} ranks; "
+                "give one cap for every rank or one per rank"
+            )
 
-    def _check_max_batch(self, size: int) -> None:
-        """No allocation may exceed --max-batch: refuse runs whose allocation cannot fit under it."""
-        cap = self.max_batch
-        if self.batch_sizes is not None and max(self.batch_sizes) > cap:
-            raise UsageError(
-                f"--batch-sizes {','.join(map(str, self.batch_sizes))} exceeds --max-batch {cap}; "
-                "lower the sizes or raise the cap"
-            )
-        if self.strategy in ("equal", "bno") and self.base_batch_size > cap:
-            raise UsageError(
-                f"--strategy {self.strategy} starts every rank at --base-batch-size {self.base_batch_size}, "
-                f"above --max-batch {cap}; lower --base-batch-size"
-            )
-        total = self.global_batch or size * self.base_batch_size
-        if self.batch_sizes is None and total > size * cap:
-            raise UsageError(
-                f"the global batch {total} does not fit {size} ranks of --max-batch {cap}; "
-                "lower --global-batch/--base-batch-size or raise --max-batch"
-            )
+    def cap_of(self, rank: int) -> int | None:
+        """Rank ``rank``'s memory cap (samples per forward/backward pass), None without one."""
+        if self.max_batch is None:
+            return None
+        return self.max_batch[0] if len(self.max_batch) == 1 else self.max_batch[rank]
 
     @property
     def emulated(self) -> bool:
@@ -193,6 +195,10 @@ class TrainConfig:
         if unknown:
             raise UsageError(f"unknown config key(s) {unknown}; known: {', '.join(sorted(known))}")
         return cls(**data)
+
+
+def _show(values) -> str:
+    return ",".join(map(str, values))
 
 
 def _at_most(flag: str, value: int, high: float) -> None:

@@ -7,13 +7,56 @@ Two sources, never to be confused in a table or a figure:
 - REAL (:mod:`bno_hvd.cpuquota`): a rank runs in a cgroup with a CPU quota; everything it does,
   Horovod's and MPI's threads included, really gets that share of a core.
 
+:func:`from_config` reads both from a run's flags (the one place their schedules are parsed),
 ``describe`` makes the JSON stored in ``run.json`` (key ``heterogeneity``); ``label`` turns it
 into the one line shown with results. Older run.json files (key ``emulation``) are read too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from .cpuquota import load_quota_schedule, period_for
+from .emulation import load_schedule
+from .parsing import RankSchedule
+
 NONE = "no emulation: real ranks of this machine"
+
+
+@dataclass(frozen=True)
+class Heterogeneity:
+    """A run's emulated speeds and real CPU quotas (each None when not asked for)."""
+
+    speeds: RankSchedule | None = None
+    rate: float | None = None
+    quotas: RankSchedule | None = None
+    quota_period_us: int | None = None
+
+    def describe(self) -> dict:
+        return describe(self.speeds, self.rate, self.quotas, self.quota_period_us)
+
+    def label(self) -> str:
+        return label(self.describe())
+
+    def changes(self) -> list[int]:
+        """Updates at which a speed or a quota changes."""
+        return sorted({u for s in (self.speeds, self.quotas) if s is not None for u in s.changes()})
+
+
+def from_config(cfg, n_ranks: int) -> Heterogeneity:
+    """The heterogeneity ``cfg`` asks for on ``n_ranks`` ranks; :class:`UsageError` on a bad schedule."""
+    speeds = quotas = period = None
+    if cfg.emulate_schedule:
+        speeds = load_schedule(cfg.emulate_schedule, n_ranks)
+    elif cfg.emulate_speed:
+        speeds = RankSchedule.constant(cfg.emulate_speed)
+    if cfg.cpu_quota_schedule:
+        quotas = load_quota_schedule(cfg.cpu_quota_schedule, n_ranks)
+    elif cfg.cpu_quota:
+        quotas = RankSchedule.constant(cfg.cpu_quota)
+    if quotas is not None:
+        period = period_for(quotas, cfg.cpu_quota_period_ms)
+    return Heterogeneity(speeds, cfg.emulate_rate if speeds is not None else None, quotas, period)
 
 
 def describe(speeds=None, rate: float | None = None, quotas=None, quota_period_us: int | None = None) -> dict:

@@ -58,11 +58,12 @@ class RankStep:
     rebalance: float = 0.0  # s in the control plane after this update (0 if none)
     cpu: float = 0.0  # CPU seconds this process used in the update (all its threads)
     micro_batches: int = 1  # forward/backward passes the batch took (memory cap)
+    gap: float = 0.0  # s from the previous update's end to this step's start (getting the batch, logging)
 
     @property
     def seconds(self) -> float:
         """The whole update as this rank saw it."""
-        return self.compute + self.sync + self.rebalance
+        return self.gap + self.compute + self.sync + self.rebalance
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(RankStep))

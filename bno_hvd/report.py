@@ -19,6 +19,7 @@ stragglers_<strategy>.png and runs/<strategy>/.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 
@@ -195,6 +196,7 @@ def write_bench_outputs(
     recovery: dict | None,
     changes: list[int],
     title: str,
+    breakdown: dict | None = None,
 ) -> None:
     """bench.json, bench.csv, bench.png and one straggler picture per strategy."""
     rows = []
@@ -202,6 +204,8 @@ def write_bench_outputs(
         row = dict(s.to_dict(), emulation=label)
         if recovery:
             row["recovery_intervals"] = recovery[s.strategy]
+        if breakdown:
+            row["rank_breakdown"] = [dataclasses.asdict(b) for b in breakdown[s.strategy]]
         rows.append(row)
     write_json_atomic(os.path.join(out_dir, "bench.json"), rows)
     write_csv(

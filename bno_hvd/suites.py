@@ -10,12 +10,18 @@ import os
 from dataclasses import dataclass, field
 
 from .atomic import write_json_atomic
-from .bench import BenchSummary, recovery_intervals, rolling_efficiency, summarize, with_speedups
-from .emulation import load_schedule
+from .bench import (
+    BenchSummary,
+    RankBreakdown,
+    rank_breakdown,
+    recovery_intervals,
+    rolling_efficiency,
+    summarize,
+    with_speedups,
+)
 from .errors import TrainingError
 from .experiment import merge_experiment
-from .heterogeneity import describe, label
-from .parsing import RankSchedule
+from .heterogeneity import from_config
 from .report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
 from .train import run_training
 
@@ -28,17 +34,7 @@ class BenchOutcome:
     label: str
     recovery: dict[str, list] | None = None
     changes: list[int] = field(default_factory=list)
-
-
-def heterogeneity_of(cfg, size: int) -> tuple[str, list[int]]:
-    """The label of runs under ``cfg`` and the updates at which their speeds change."""
-    speeds = None
-    if cfg.emulate_schedule:
-        speeds = load_schedule(cfg.emulate_schedule, size)
-    elif cfg.emulate_speed:
-        speeds = RankSchedule.constant(cfg.emulate_speed)
-    changes = speeds.changes() if speeds is not None else []
-    return label(describe(speeds, cfg.emulate_rate)), changes
+    breakdown: dict[str, list[RankBreakdown]] = field(default_factory=dict)  # per strategy, per rank
 
 
 def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
@@ -54,7 +50,8 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
     if not world.master:
         return None
     summaries = with_speedups([summarize(n, r.records, r.rank_steps, warmup) for n, r in runs.items()])
-    run_label, changes = heterogeneity_of(base, world.size)
+    hetero = from_config(base, world.size)
+    run_label, changes = hetero.label(), hetero.changes()
     recovery = None
     if changes:
         recovery = {
@@ -63,17 +60,12 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
             )
             for n, r in runs.items()
         }
+    breakdown = {n: rank_breakdown(r.rank_steps, warmup) for n, r in runs.items()}
     if out_dir:
-        write_bench_outputs(
-            out_dir,
-            summaries,
-            {n: r.records for n, r in runs.items()},
-            run_label,
-            recovery,
-            changes,
-            title=f"weight-update time per update ({base.model}, {world.size} ranks)",
-        )
-    return BenchOutcome(summaries, run_label, recovery, changes)
+        title = f"weight-update time per update ({base.model}, {world.size} ranks)"
+        records = {n: r.records for n, r in runs.items()}
+        write_bench_outputs(out_dir, summaries, records, run_label, recovery, changes, title, breakdown)
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown)
 
 
 def run_experiment(
@@ -102,7 +94,7 @@ def run_experiment(
                     "eval_every": base.eval_every,
                     "target_accuracy": target,
                     "ranks": world.size,
-                    "emulation": heterogeneity_of(base, world.size)[0],
+                    "emulation": from_config(base, world.size).label(),
                     "config": base.to_dict(),
                     "command": command,
                 },

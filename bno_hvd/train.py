@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .atomic import write_json_atomic
 from .checkpoint import save_training_state
 from .clock import Stopwatch
-from .collectives import LossSum, wait_for_allreduce
+from .collectives import LossSum, optimizer_step, set_passes, wait_for_allreduce
 from .components import Run, build_run, save_model
 from .errors import TrainingError
 from .evaluation import evaluate
@@ -40,16 +40,21 @@ def run_training(cfg, world, *, out=sys.stdout) -> RunResult:
             hooks.before_compute(step)
             lr = set_lr(opt, run.lr())
             opt.zero_grad()
+            set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
             x, y = run.inputs(batch.data)
-            loss = hooks.loss(F.cross_entropy(model(x), y), step)
-            (loss * step.weight).backward()  # Horovod starts summing gradients here
+            loss = 0.0
+            for part, share in step.parts():  # micro-batches: gradients accumulate
+                with run.device.autocast():
+                    part_loss = hooks.loss(F.cross_entropy(model(x[part]), y[part]), step)
+                run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
+                loss = loss + part_loss.detach() * share
             hooks.after_compute(step)
             bal.end_compute()
 
             # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
             loss_sum = LossSum(hvd, loss * step.weight)
             wait_for_allreduce(hvd, opt, [loss_sum.handle])
-            opt.step()
+            optimizer_step(opt, run.scaler)
             stats = bal.end_step()  # every K updates: rebalance via rank 0
 
             # -- measure and log ------------------------------------------------------------
@@ -59,7 +64,7 @@ def run_training(cfg, world, *, out=sys.stdout) -> RunResult:
                     f"loss became {global_loss} at update {step.update}; lower --lr "
                     "(the last good checkpoint, if any, is kept)"
                 )
-            steps.append(stats.rank_step(step.size))
+            steps.append(stats.rank_step(step.size, step.micro_batches))
             record = None
             if world.master:
                 record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)

@@ -1,6 +1,7 @@
 """``balanced``: affine fits, equal-finish solve, caps, deadband, smoothing, latency, missing ranks."""
 
 import json
+import math
 
 import pytest
 
@@ -79,11 +80,20 @@ def test_equal_finish_on_known_affine_model():
     assert finish == pytest.approx([t_star] * 4)
 
 
-def test_equal_finish_cap_holds_rank_and_resolves_others():
-    # Rank 2 wants 55.6 > 40: held at 40; the rest share 60: T* = (60 + 25)/250 = 0.34.
-    b = solve_equal_finish(A, C, 100, [None, None, 40, None])
-    assert b == pytest.approx([24.0, 7.0, 40.0, 29.0])
-    assert [a + c * x for a, c, x in zip(A, C, b)] == pytest.approx([0.34, 0.34, 0.2, 0.34])
+def test_a_memory_cap_costs_a_pass_per_micro_batch_not_a_bound():
+    # t_i(b) = a_i * ceil(b / cap_i) + c_i * b. With caps of 16 and a 10 ms pass, the fast ranks
+    # take 37.33 samples in 3 passes (0.0673 s); the slow rank stays at one full pass of 16
+    # (0.058 s): a second pass would cost 10 ms for the few samples it could add.
+    a, c = [0.01] * 4, [0.001, 0.001, 0.001, 0.003]
+    b = solve_equal_finish(a, c, 128, [16] * 4)
+    assert b == pytest.approx([112 / 3] * 3 + [16.0])
+    t = [ai * math.ceil(x / 16 - 1e-9) + ci * x for ai, ci, x in zip(a, c, b)]
+    assert t[:3] == pytest.approx([0.01 * 3 + 0.001 * 112 / 3] * 3) and t[3] == pytest.approx(0.058)
+    # large caps change nothing: the plain equal-finish split (b proportional to 1/c: 3:3:3:1)
+    assert solve_equal_finish(a, c, 128, [64] * 4) == pytest.approx([38.4, 38.4, 38.4, 12.8])
+    # per-update offsets (a slower link) move work off that rank
+    # T* = (128 + 30 + 0.013 / 0.003) / 3333.3 = 0.0487 s, so rank 3 gets (T* - 0.013) / 0.003
+    assert solve_equal_finish(a, c, 128, None, [0, 0, 0, 0.003])[3] == pytest.approx(11.9)
 
 
 def test_equal_finish_holds_a_rank_at_one_sample():
@@ -93,9 +103,11 @@ def test_equal_finish_holds_a_rank_at_one_sample():
 
 def test_equal_finish_infeasible_raises():
     with pytest.raises(UsageError):
-        solve_equal_finish([0, 0], [1, 1], 100, [10, 10])
+        solve_equal_finish([0, 0], [1, 1], 1)  # fewer samples than ranks
     with pytest.raises(UsageError):
         solve_equal_finish([0, 0], [1, 0], 10)
+    with pytest.raises(UsageError):
+        solve_equal_finish([0, 0], [1, 1], 10, [0, 4])
 
 
 # -- BalancedStrategy ------------------------------------------------------------------------
@@ -119,9 +131,11 @@ def test_affine_samples_drive_the_split():
     assert got == [30, 30, 30, 10]
 
 
-def test_memory_cap_holds_rank_and_others_share_the_rest():
+def test_a_capped_rank_keeps_its_share_and_accumulates():
+    # equal speeds, rank 3 capped at 10 samples per pass: with no fixed cost per pass (a = 0) the
+    # cap costs nothing, so the split stays even (rank 3 runs 3 micro-batches of <= 10)
     got = strategy().rebalance(metrics([100] * 4, max_batch=[None, None, None, 10]), [25] * 4, 1)
-    assert got == [30, 30, 30, 10]
+    assert got == [25, 25, 25, 25]
 
 
 def test_global_batch_option():

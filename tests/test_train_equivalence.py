@@ -13,7 +13,7 @@ import torch
 from conftest import assert_ok, bno_cmd, horovodrun
 
 
-def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=20):
+def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=20, extra=()):
     args = bno_cmd(
         "train",
         "--strategy",
@@ -40,6 +40,7 @@ def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=2
         str(path),
         "--log-dir",
         str(tmp_path / f"log-{np_}-{optimizer}"),
+        *extra,
     )
     proc = horovodrun(np_, args, timeout=400)
     assert_ok(proc)
@@ -68,3 +69,21 @@ def test_uneven_ranks_equal_single_process(optimizer, dtype, tmp_path, fashion_a
     torch.manual_seed(7)
     init = build_model("cnn").to(getattr(torch, dtype)).state_dict()
     assert max_relative_difference(single, init) > 1e-3
+
+
+def test_ranks_that_accumulate_micro_batches_equal_single_process(tmp_path, fashion_available):
+    """Memory caps (one per rank) below the allocated batches: ranks 0, 1 and 3 split their share
+    into micro-batches (5 -> 4+1, 11 -> 4+4+3, 13 -> 5+5+3) and accumulate gradients before the
+    allreduce; the update must still be the single-process update on all 32 samples."""
+    caps = ["--max-batch", "4,4,16,5"]
+    multi = train_and_save(4, "5,11,3,13", "sgd", "float64", tmp_path / "multi.pt", tmp_path, extra=caps)
+    single = train_and_save(1, "32", "sgd", "float64", tmp_path / "single.pt", tmp_path)
+    diff = max_relative_difference(multi, single)
+    print(f"accumulating ranks: max relative difference {diff:.3e}")
+    assert diff <= 1e-9
+    import json
+
+    from bno_hvd.records import steps_from_json
+
+    steps = steps_from_json(json.loads((tmp_path / "log-4-sgd" / "ranks.json").read_text()))
+    assert [s[0].micro_batches for s in steps] == [2, 3, 1, 3]

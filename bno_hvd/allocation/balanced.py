@@ -1,10 +1,14 @@
 """``balanced`` (ours): split a fixed global batch so every rank finishes its step together.
 
-Model. Each rank's compute time is affine in its batch, ``t_i(b) = a_i + c_i * b`` (``a_i`` s of
-fixed cost, ``c_i`` s/sample), fitted by :func:`fit_affine` to its recent ``compute_samples``.
+Model. Each rank's local time per update is affine in its batch, ``t_i(b) = a_i + c_i * b`` (``a_i``
+s of fixed cost, ``c_i`` s/sample), fitted by :func:`fit_affine` to its recent ``compute_samples``
+(compute plus the time before the step: getting the batch, logging).
 :func:`solve_equal_finish` finds the common finish time ``T*`` with ``sum_i b_i = G``:
-``b_i = (T* - a_i) / c_i``, i.e. ``T* = (G + sum a_i/c_i) / sum 1/c_i``, and holds a rank at
-1 or at its memory cap ``max_batch_i`` when the solution leaves those bounds, re-solving the rest.
+``b_i = (T* - a_i) / c_i``, i.e. ``T* = (G + sum a_i/c_i) / sum 1/c_i``, holding a rank at 1 sample
+when the solution leaves that bound. A rank with a memory cap (``max_batch_i`` samples per
+forward/backward pass) processes a larger share in ``ceil(b / cap)`` micro-batches with gradient
+accumulation: its time is ``a_i * ceil(b / cap_i) + c_i * b``, so the split still equalises finish
+times, and the cap never pushes work onto other ranks unless a micro-batch costs more than it saves.
 
 Fallbacks, so a rank is never starved or crashes the run:
 
@@ -42,11 +46,23 @@ from .rounding import round_to_total
 from .strategy import Strategy
 
 
-def fit_affine(samples, window: int = 8) -> tuple[float, float] | None:
-    """Least-squares ``(a, c)`` for ``t = a + c * b`` over the last ``window`` (b, t) pairs.
+def passes(b, cap):
+    """Forward/backward passes a batch of ``b`` samples takes under a memory cap (None: one)."""
+    b = np.asarray(b, dtype=float)
+    if cap is None:
+        return np.ones_like(b)
+    cap = np.asarray([np.inf if c is None else float(c) for c in np.atleast_1d(cap)]) if np.ndim(cap) else float(cap)
+    return np.where(np.isfinite(cap), np.ceil(b / np.where(np.isfinite(cap), cap, 1.0)), 1.0)
 
-    Pairs with a non-finite or non-positive value, and outliers (time per sample more than 2x
-    from the window's median), are ignored; returns None if none remain.
+
+def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float, float] | None:
+    """Least-squares ``(a, c)`` for ``t = a * passes(b) + c * b`` over the last ``window`` (b, t) pairs.
+
+    ``passes(b) = ceil(b / cap)`` is the number of micro-batches a step of ``b`` samples takes
+    under the rank's memory cap (1 without a cap, where this is the affine fit ``t = a + c * b``):
+    ``a`` is the fixed cost of one forward/backward pass, ``c`` the cost of one sample. Pairs with
+    a non-finite or non-positive value, and outliers (time per sample more than 2x from the
+    window's median), are ignored; returns None if none remain.
     """
     pts = [
         (float(b), float(t))
@@ -61,48 +77,61 @@ def fit_affine(samples, window: int = 8) -> tuple[float, float] | None:
     # once it fills half the window, and then the old steps are the ones dropped.
     med = float(np.median([t / b for b, t in pts]))
     pts = [(b, t) for b, t in pts if med / 2 <= t / b <= 2 * med]
-    n = len(pts)
-    mean_b = sum(b for b, _ in pts) / n
-    mean_t = sum(t for _, t in pts) / n
-    sxx = sum((b - mean_b) ** 2 for b, _ in pts)
-    if sxx > 0:
-        c = sum((b - mean_b) * (t - mean_t) for b, t in pts) / sxx
-        a = mean_t - c * mean_b
+    b = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    m = passes(b, cap)
+    x = np.column_stack([m, b])
+    if np.linalg.matrix_rank(x) == 2:
+        (a, c), *_ = np.linalg.lstsq(x, t, rcond=None)
         if c > 0 and a >= 0:
-            return a, c
-    return 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
+            return float(a), float(c)
+    return 0.0, float((b * t).sum() / (b * b).sum())
 
 
-def solve_equal_finish(a, c, total: float, max_batch=None) -> list[float]:
-    """Real batch sizes ``b_i`` in ``[1, max_batch_i]`` summing to ``total`` with equal finish time.
+def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
+    """Predicted time of batches ``b``: ``a_i * passes(b_i) + c_i * b_i + offset_i``."""
+    b = np.asarray(b, dtype=float)
+    return np.asarray(a) * passes(b, caps) + np.asarray(c) * b + (0.0 if offsets is None else np.asarray(offsets))
 
-    Every rank not held at a bound finishes at the same ``T*``: ``a_i + c_i * b_i == T*``.
+
+def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[float]:
+    """Real batch sizes ``b_i >= 1`` summing to ``total`` whose ranks finish together.
+
+    Rank i's time is ``a_i * ceil(b_i / cap_i) + c_i * b_i + offset_i`` (``caps``: memory caps in
+    samples per forward/backward pass, None = no cap: then ``a_i + c_i * b_i``; ``offsets``: seconds
+    per update that do not depend on the batch, such as a slower link). A share above the
+    cap is processed in micro-batches, each paying ``a_i`` again, so the equal-finish split accounts
+    for it instead of holding the rank at its cap. Every rank not held at 1 sample finishes at the
+    same ``T*`` (up to the jumps of the step function, where a rank stays at a multiple of its cap).
+
     Usage::
 
-        solve_equal_finish([0.1, 0.2, 0.0, 0.05], [0.01, 0.02, 0.005, 0.01], 100, [None, None, 40, None])
-        # -> [24.0, 7.0, 40.0, 29.0] (up to float rounding); T* = 0.34 s
+        solve_equal_finish([0.1, 0.2, 0.0, 0.05], [0.01, 0.02, 0.005, 0.01], 100)
+        # -> [17.78, 3.89, 55.56, 22.78]: every rank takes T* = 0.278 s
+        solve_equal_finish([0.01] * 4, [0.001, 0.001, 0.001, 0.003], 128, caps=[16] * 4)
+        # -> [37.33, 37.33, 37.33, 16.0]: 3 micro-batches on the fast ranks; one more pass on
+        #    the slow rank would cost more than it saves
     """
     a = np.asarray(a, dtype=float)
     c = np.asarray(c, dtype=float)
     n = a.size
     if c.shape != (n,) or n == 0 or not (np.isfinite(a).all() and np.isfinite(c).all()) or (c <= 0).any():
         raise UsageError("solve_equal_finish needs N finite a_i and N finite c_i > 0")
-    lo = np.ones(n)
-    hi = np.full(n, np.inf) if max_batch is None else np.array([np.inf if m is None else float(m) for m in max_batch])
-    if hi.shape != (n,) or (hi < 1).any():
-        raise UsageError("max_batch needs one cap >= 1 (or None) per rank")
-    if not n <= total <= hi.sum():
-        raise UsageError(
-            f"global batch {total} does not fit {n} ranks between 1 sample and their memory "
-            f"caps (sum {hi.sum():g}); change the global batch"
-        )
+    cap = np.full(n, np.inf) if caps is None else np.array([np.inf if m is None else float(m) for m in caps])
+    if cap.shape != (n,) or (cap < 1).any():
+        raise UsageError("caps needs one cap >= 1 (or None) per rank")
+    o = np.zeros(n) if offsets is None else np.asarray(offsets, dtype=float)
+    if o.shape != (n,) or not np.isfinite(o).all():
+        raise UsageError("offsets needs one finite number of seconds per rank")
+    if not n <= total:
+        raise UsageError(f"global batch {total} is smaller than {n} ranks x 1 sample; change the global batch")
 
     def sizes(t: float) -> np.ndarray:
-        return np.clip((t - a) / c, lo, hi)
+        return np.maximum(_largest_batch(a, c, cap, t - o), 1.0)
 
     # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect.
-    t_lo = float((a + c * lo).min())
-    t_hi = float((a + c * np.minimum(hi, total)).max())
+    t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
+    t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
     for _ in range(200):
         mid = 0.5 * (t_lo + t_hi)
         if mid <= t_lo or mid >= t_hi:
@@ -111,18 +140,42 @@ def solve_equal_finish(a, c, total: float, max_batch=None) -> list[float]:
             t_lo = mid
         else:
             t_hi = mid
-    # Bisection fixes which ranks sit at a bound; the closed form then gives T* exactly.
-    b_lo, b_hi = sizes(t_lo), sizes(t_hi)
-    held = (b_lo == b_hi) & ((b_hi == lo) | (b_hi == hi))
-    free = ~held
-    b = b_hi
-    if free.any():
-        t_star = (total - b_hi[held].sum() + (a[free] / c[free]).sum()) / (1.0 / c[free]).sum()
-        exact = sizes(t_star)
-        if abs(exact.sum() - total) <= 1e-9 * max(total, 1.0):
-            b = exact
+    b = sizes(t_hi)
+    # Without caps the bisection fixes which ranks sit at 1 sample; the closed form gives T* exactly.
+    if caps is None or np.isinf(cap).all():
+        free = sizes(t_lo) > 1.0
+        if free.any():
+            t_star = (total - (~free).sum() + ((a[free] + o[free]) / c[free]).sum()) / (1.0 / c[free]).sum()
+            exact = sizes(t_star)
+            if abs(exact.sum() - total) <= 1e-9 * max(total, 1.0):
+                b = exact
+    # With caps, several ranks can sit on a jump (at k * cap) at T*: share out what is left.
+    if abs(b.sum() - total) > 1e-9 * max(total, 1.0):
+        low = sizes(t_lo)
+        gap = b - low
+        missing = total - low.sum()
+        b = low + gap * (missing / gap.sum()) if gap.sum() > 0 else low
     assert abs(b.sum() - total) <= 1e-6 * max(total, 1.0), (b.sum(), total)
     return b.tolist()
+
+
+def _largest_batch(a: np.ndarray, c: np.ndarray, cap: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per rank, the largest real ``b`` with ``a * ceil(b / cap) + c * b <= t`` (0 if none)."""
+    t = np.broadcast_to(np.asarray(t, dtype=float), a.shape)
+    out = np.zeros_like(a)
+    plain = np.isinf(cap)
+    out[plain] = (t[plain] - a[plain]) / c[plain]
+    for i in np.flatnonzero(~plain):
+        # With k passes the batch is at most min(k * cap, (t - k a) / c), and needs more than
+        # (k - 1) * cap samples; the best k is near where k * cap = (t - k a) / c.
+        k_star = t[i] / (c[i] * cap[i] + a[i]) if c[i] * cap[i] + a[i] > 0 else 1.0
+        best = 0.0
+        for k in {max(1, int(math.floor(k_star)) + d) for d in (-1, 0, 1, 2)}:
+            candidate = min(k * cap[i], (t[i] - k * a[i]) / c[i])
+            if candidate > (k - 1) * cap[i]:
+                best = max(best, candidate)
+        out[i] = best
+    return np.maximum(out, 0.0)
 
 
 class BalancedStrategy(Strategy):
@@ -170,18 +223,19 @@ class BalancedStrategy(Strategy):
         # Unknown ranks are treated as typical, not stored: their own fit replaces this later.
         a = np.where(known, self.a, np.median(self.a[known]))
         c = np.where(known, self.c, np.median(self.c[known]))
-        a = a + float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
+        offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
         caps = metrics.max_batch
-        target = solve_equal_finish(a, c, self.global_batch, caps)
-        sizes = round_to_total(target, self.global_batch, 1, caps)
-        return list(current) if self._within_deadband(sizes, current, caps, a, c) else sizes
+        target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
+        sizes = round_to_total(target, self.global_batch, 1)
+        model = (a, c, caps, offsets)
+        return list(current) if self._within_deadband(sizes, current, model) else sizes
 
     def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray]:
         window = self.options["window"]
         a = np.full(self.n_ranks, np.nan)
         c = np.full(self.n_ranks, np.nan)
-        for i, samples in enumerate(metrics.compute_samples):
-            fit = fit_affine(samples, window)
+        for i, (samples, cap) in enumerate(zip(metrics.compute_samples, metrics.max_batch)):
+            fit = fit_affine(samples, window, cap)
             if fit is not None:
                 a[i], c[i] = fit
         ops = metrics.ops_array()
@@ -190,16 +244,13 @@ class BalancedStrategy(Strategy):
         c[use_ops] = 1.0 / ops[use_ops]
         return a, c
 
-    def _within_deadband(self, sizes: list[int], current: list[int], caps, a, c) -> bool:
+    def _within_deadband(self, sizes: list[int], current: list[int], model) -> bool:
         """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step."""
         deadband = float(self.options["deadband"])
-        cur = np.asarray(current, dtype=float)
-        if deadband == 0:
-            return False
-        if cur.sum() != self.global_batch or any(cap is not None and b > cap for b, cap in zip(current, caps)):
-            return False  # current is not a valid split of this global batch: never keep it
-        step_now = float(np.max(a + c * cur))
-        step_new = float(np.max(a + c * np.asarray(sizes, dtype=float)))
+        if deadband == 0 or sum(current) != self.global_batch:
+            return False  # (current is not a split of this global batch: never keep it)
+        step_now = float(np.max(step_time(*model[:2], current, *model[2:])))
+        step_new = float(np.max(step_time(*model[:2], sizes, *model[2:])))
         return step_now - step_new <= deadband * step_now
 
     def state_dict(self) -> dict:

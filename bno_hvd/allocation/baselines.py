@@ -15,7 +15,8 @@
                    of its throughput (``alpha`` = weight of the newest sample, default 0.5) and
                    split proportional to the prediction; no deadband.
 
-Memory caps (``metrics.max_batch``) are honoured by every strategy that splits from metrics.
+Memory caps (``metrics.max_batch``) do not bound any split: a rank processes a share above its cap
+in micro-batches with gradient accumulation. Only ``balanced`` models what an extra micro-batch costs.
 """
 
 from __future__ import annotations
@@ -91,9 +92,6 @@ class FixedStrategy(Strategy):
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
-        over = [i for i, (b, cap) in enumerate(zip(self.batch_sizes, metrics.max_batch)) if cap is not None and b > cap]
-        if over:
-            self._warn(f"fixed: rank(s) {over} run above their memory cap; lower their --batch-sizes")
         return list(self.batch_sizes)
 
 

@@ -6,8 +6,8 @@ the pure formula in :mod:`.paper`:
 
 * if any rank's ops, memory or latency row is missing or non-finite, keep ``current`` and set
   ``last_warning`` (the formula would otherwise read a missing OPS as 0 and starve that rank);
-* a rank that reports a memory cap (``max_batch``) never gets more than the cap: eq. (5) knows
-  nothing about out-of-memory, and exceeding the cap would crash the run.
+* memory caps (``max_batch``) do not change eq. (5): a share above a rank's cap is processed in
+  micro-batches with gradient accumulation, so it cannot run out of memory.
 """
 
 from __future__ import annotations
@@ -50,5 +50,4 @@ class BNOStrategy(Strategy):
             )
             return list(current)
         sizes = bno_batch_sizes(metrics.ops_array(), metrics.memory_used, metrics.latency_array(), self.base_batch_size)
-        caps = metrics.max_batch
-        return [b if cap is None else max(1, min(b, int(cap))) for b, cap in zip(sizes, caps)]
+        return sizes

@@ -99,9 +99,9 @@ class Strategy:
         self.last_warning = message
 
     def _split(self, weights, metrics: ClusterMetrics | None = None) -> list[int]:
-        """The fixed global batch split proportional to ``weights``, within the memory caps."""
-        caps = metrics.max_batch if metrics is not None else None
-        sizes = round_to_total(weights, self.global_batch, 1, caps)
+        """The fixed global batch split proportional to ``weights`` (a share above a rank's memory
+        cap is processed in micro-batches, so caps do not bound the split)."""
+        sizes = round_to_total(weights, self.global_batch, 1)
         assert sum(sizes) == self.global_batch
         return sizes
 

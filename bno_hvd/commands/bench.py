@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..allocation import STRATEGY_NAMES
-from ..bench import format_table
+from ..bench import format_breakdown, format_table
 from ..errors import UsageError
 from ..parsing import parse_name_list
 from .train import config_from_flags, train_options
@@ -42,6 +42,10 @@ def bench(strategies, warmup, out_dir, progress, **kw):
         return
     click.echo(outcome.label)
     click.echo(format_table(outcome.summaries))
+    click.echo("where each rank's update goes (means over the measured updates):")
+    for name, rows in outcome.breakdown.items():
+        click.echo(f"  {name}:")
+        click.echo("\n".join("    " + line for line in format_breakdown(rows).splitlines()))
     if outcome.recovery:
         click.echo("recovery after each speed change (rebalance intervals to reach 90% of the new ideal; - = never):")
         for name, values in outcome.recovery.items():

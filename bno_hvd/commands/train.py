@@ -7,9 +7,10 @@ import click
 from ..allocation import STRATEGY_NAMES
 from ..catalog import DATASET_NAMES, MODEL_NAMES
 from ..config import TrainConfig
+from ..cpuquota import parse_quotas
 from ..emulation import parse_speeds
 from ..errors import UsageError
-from ..parsing import parse_int_list
+from ..parsing import CAP, parse_int_list
 
 D = TrainConfig()  # the defaults, shown by every flag
 
@@ -160,7 +161,11 @@ def train_options(fn=None, *, exclude=()):
         (
             "max-batch",
             click.option(
-                "--max-batch", type=int, default=D.max_batch, help="Per-rank batch cap (memory limit in samples)."
+                "--max-batch",
+                default=None,
+                help="Memory cap in samples per forward/backward pass: one for all ranks, one per rank "
+                "(e.g. 64,64,64,16), or auto (each GPU measures its own). A larger share is processed in "
+                "micro-batches with gradient accumulation.",
             ),
         ),
         (
@@ -228,6 +233,33 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
         (
+            "cpu-quota",
+            click.option(
+                "--cpu-quota",
+                default=None,
+                help="REAL slow ranks: share of one CPU core per rank, e.g. 0.5,0.5,0.5,0.17 (cgroup per rank; root).",
+            ),
+        ),
+        (
+            "cpu-quota-schedule",
+            click.option(
+                "--cpu-quota-schedule",
+                type=click.Path(dir_okay=False),
+                default=D.cpu_quota_schedule,
+                help="REAL: JSON file of CPU quotas that change at given updates (a neighbour arriving and leaving).",
+            ),
+        ),
+        (
+            "cpu-quota-period",
+            click.option(
+                "--cpu-quota-period",
+                "cpu_quota_period_ms",
+                type=float,
+                default=D.cpu_quota_period_ms,
+                help="REAL: CFS period of the quotas in ms (default 10, longer where a small quota needs it).",
+            ),
+        ),
+        (
             "latency-interval",
             click.option(
                 "--latency-interval",
@@ -248,6 +280,25 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
         (
+            "device",
+            click.option(
+                "--device",
+                type=click.Choice(["auto", "cpu", "cuda"]),
+                default=D.device,
+                show_default=True,
+                help="auto: GPU number local_rank where CUDA is available, else the CPU.",
+            ),
+        ),
+        (
+            "amp",
+            click.option(
+                "--amp/--no-amp",
+                default=D.amp,
+                show_default=True,
+                help="Mixed precision: float16 with a GradScaler on a GPU, bfloat16 on the CPU.",
+            ),
+        ),
+        (
             "threads",
             click.option("--threads", type=int, default=D.threads, show_default=True, help="torch threads per rank."),
         ),
@@ -263,6 +314,11 @@ def config_from_flags(**kw) -> TrainConfig:
     speeds = kw.pop("emulate_speed", None)
     kw["emulate_speed"] = tuple(parse_speeds(speeds)) if speeds else None
     kw["batch_sizes"] = parse_int_list(kw.get("batch_sizes"), "--batch-sizes")
+    caps = kw.pop("max_batch", None)
+    kw["max_batch_auto"] = caps == "auto"
+    kw["max_batch"] = None if caps == "auto" else parse_int_list(caps, "--max-batch", CAP)
+    quotas = kw.pop("cpu_quota", None)
+    kw["cpu_quota"] = tuple(parse_quotas(quotas)) if quotas else None
     return TrainConfig(**kw)
 
 

@@ -1,0 +1,147 @@
+"""REAL slow ranks: cgroup CPU quotas. Where the machine lets us write cgroups (root and a cpu
+controller) the multi-rank tests run real jobs whose ranks really get their share of a core, and
+check that every cgroup is gone afterwards: after success, after a failing run, after a SIGKILL.
+Elsewhere they skip with the machine's reason. The path logic for cgroup v2 (which this machine
+does not have with a cpu controller) is checked on a directory laid out like one."""
+
+import json
+import os
+import time
+
+import pytest
+from conftest import assert_ok, bno_cmd, horovodrun, mpirun
+
+from bno_hvd.cpuquota import CgroupPlace, CpuQuotaGroup, find_place, period_for
+from bno_hvd.errors import UsageError
+from bno_hvd.parsing import RankSchedule
+from bno_hvd.records import steps_from_json
+
+QUOTAS = "0.5,0.5,0.5,0.17"
+
+
+def test_period_fits_the_smallest_quota():
+    assert period_for(RankSchedule.constant([0.5, 0.17])) == 10_000  # 1.7 ms of quota per 10 ms
+    assert period_for(RankSchedule.constant([0.5, 0.05])) == 20_000  # 1 ms (the kernel's minimum) per 20 ms
+    assert period_for(RankSchedule.constant([1, 1]), 25) == 25_000
+    with pytest.raises(UsageError, match="too short for a quota of 0.05.*at least 20 ms"):
+        period_for(RankSchedule.constant([0.5, 0.05]), 10)
+
+
+def test_v1_and_v2_places_and_limits_on_a_laid_out_tree(tmp_path):
+    # v1: our group is a child of the process's own cpu cgroup
+    (tmp_path / "cpu" / "job7").mkdir(parents=True)
+    place = find_place(mounts=f"cgroup {tmp_path}/cpu cgroup rw,cpu,cpuacct 0 0\n", own="3:cpu,cpuacct:/job7\n0::/\n")
+    assert place == CgroupPlace(1, f"{tmp_path}/cpu/job7", f"{tmp_path}/cpu/job7")
+    group = CpuQuotaGroup(place, "g", 10_000)
+    os.mkdir(group.path)
+    group.set_quota(0.17)
+    assert (tmp_path / "cpu/job7/g/cpu.cfs_quota_us").read_text() == "1700"
+    assert (tmp_path / "cpu/job7/g/cpu.cfs_period_us").read_text() == "10000"
+    # v2: a sibling of the process's cgroup (v2 allows no processes beside children with controllers)
+    (tmp_path / "v2" / "user.slice" / "session.scope").mkdir(parents=True)
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    place = find_place(mounts=f"cgroup2 {tmp_path}/v2 cgroup2 rw 0 0\n", own="0::/user.slice/session.scope\n")
+    assert place == CgroupPlace(2, f"{tmp_path}/v2/user.slice/session.scope", f"{tmp_path}/v2/user.slice")
+    group = CpuQuotaGroup(place, "g", 20_000)
+    os.mkdir(group.path)
+    group.set_quota(0.25)
+    assert (tmp_path / "v2/user.slice/g/cpu.max").read_text() == "5000 20000"
+    # no cpu controller anywhere: one clear line
+    with pytest.raises(UsageError, match="needs a cgroup cpu controller"):
+        find_place(mounts=f"cgroup2 {tmp_path}/none cgroup2 rw 0 0\n", own="0::/\n")
+
+
+def cgroup_reason():
+    """Why real quota runs cannot happen here, or None."""
+    try:
+        find_place()
+    except (UsageError, OSError) as err:
+        return str(err)
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(cgroup_reason() is not None, reason=f"no writable cgroups: {cgroup_reason()}")
+
+
+def our_cgroups():
+    place = find_place()
+    return sorted(n for n in os.listdir(place.parent) if n.startswith("bno-hvd-"))
+
+
+def wait_until_gone(before, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline and our_cgroups() != before:
+        time.sleep(0.2)
+    return our_cgroups()
+
+
+RUN = [
+    "train",
+    "--dataset",
+    "synthetic",
+    "--strategy",
+    "equal",
+    "--base-batch-size",
+    "32",
+    "--no-eval",
+    "--no-progress",
+    "--latency-interval",
+    "0",
+    "--threads",
+    "1",
+]
+
+
+@needs_cgroups
+def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
+    before = our_cgroups()
+    proc = horovodrun(
+        4, bno_cmd(*RUN, "--updates", "30", "--cpu-quota", QUOTAS, "--log-dir", str(tmp_path)), timeout=300
+    )
+    assert_ok(proc)
+    assert wait_until_gone(before) == before
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["label"].startswith("REAL: CPU-throttled ranks (cgroup quota): quotas 0.5,0.5,0.5,0.17")
+    steps = steps_from_json(json.loads((tmp_path / "ranks.json").read_text()))
+    rates = [sum(s.batch for s in r[5:]) / sum(s.compute for s in r[5:]) for r in steps]
+    ratio = rates[3] / (sum(rates[:3]) / 3)
+    cpu_share = [sum(s.cpu for s in r[5:]) / sum(s.seconds for s in r[5:]) for r in steps]
+    print(
+        f"compute samples/s per rank {[round(x) for x in rates]}, slow/fast {ratio:.2f}; "
+        f"CPU share {[round(x, 2) for x in cpu_share]}"
+    )
+    assert 0.1 < ratio < 0.75  # 0.17 vs 0.5 of a core: ~0.34 on an idle machine, ~1 without quotas
+    assert cpu_share[3] < 0.25  # the slow rank never used more than its share (0.17) by much
+
+
+@needs_cgroups
+def test_a_schedule_changes_the_quota_during_the_run(tmp_path):
+    schedule = tmp_path / "quotas.json"
+    schedule.write_text(
+        json.dumps([{"update": 0, "quotas": [0.45] * 4}, {"update": 20, "quotas": [0.45, 0.45, 0.45, 0.12]}])
+    )
+    proc = horovodrun(
+        4,
+        bno_cmd(*RUN, "--updates", "40", "--cpu-quota-schedule", str(schedule), "--log-dir", str(tmp_path / "log")),
+        timeout=300,
+    )
+    assert_ok(proc)
+    steps = steps_from_json(json.loads((tmp_path / "log" / "ranks.json").read_text()))[3]
+    before = sum(s.compute for s in steps[5:20]) / 15
+    after = sum(s.compute for s in steps[25:40]) / 15
+    print(f"rank 3 compute per update: {1e3 * before:.1f} ms at 0.45 of a core, {1e3 * after:.1f} ms at 0.12")
+    assert after > 1.8 * before
+
+
+@needs_cgroups
+@pytest.mark.parametrize("fault,code", [("nan-loss:1:6", 1), ("kill:2:8", None)])
+def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
+    before = our_cgroups()
+    proc = mpirun(
+        4,
+        bno_cmd(*RUN, "--updates", "40", "--cpu-quota", QUOTAS, "--inject-fault", fault, "--num-workers", "1"),
+        timeout=300,
+    )
+    assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert wait_until_gone(before) == before  # the reaper removed the killed rank's group too

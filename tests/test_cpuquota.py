@@ -16,7 +16,7 @@ from bno_hvd.errors import UsageError
 from bno_hvd.parsing import RankSchedule
 from bno_hvd.records import steps_from_json
 
-QUOTAS = "0.5,0.5,0.5,0.17"
+QUOTAS = "0.3,0.3,0.3,0.1"  # 1 core in all: the quotas, not the 2 cores, decide (also on a busy machine)
 
 
 def test_period_fits_the_smallest_quota():
@@ -101,7 +101,7 @@ def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
     assert_ok(proc)
     assert wait_until_gone(before) == before
     run = json.loads((tmp_path / "run.json").read_text())
-    assert run["label"].startswith("REAL: CPU-throttled ranks (cgroup quota): quotas 0.5,0.5,0.5,0.17")
+    assert run["label"].startswith("REAL: CPU-throttled ranks (cgroup quota): quotas 0.3,0.3,0.3,0.1")
     steps = steps_from_json(json.loads((tmp_path / "ranks.json").read_text()))
     rates = [sum(s.batch for s in r[5:]) / sum(s.compute for s in r[5:]) for r in steps]
     ratio = rates[3] / (sum(rates[:3]) / 3)
@@ -110,8 +110,8 @@ def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
         f"compute samples/s per rank {[round(x) for x in rates]}, slow/fast {ratio:.2f}; "
         f"CPU share {[round(x, 2) for x in cpu_share]}"
     )
-    assert 0.1 < ratio < 0.75  # 0.17 vs 0.5 of a core: ~0.34 on an idle machine, ~1 without quotas
-    assert cpu_share[3] < 0.25  # the slow rank never used more than its share (0.17) by much
+    assert 0.1 < ratio < 0.7  # 0.1 vs 0.3 of a core: ~0.33; ~1 without quotas
+    assert cpu_share[3] < 0.13 and min(cpu_share[:3]) > 1.5 * cpu_share[3]  # each got its own share
 
 
 @needs_cgroups

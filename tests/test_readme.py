@@ -27,3 +27,12 @@ def test_api_example_is_the_tested_file():
 def test_ci_calls_readme_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert "launch/test" in ci and "launch/test" in README and "launch/run" in README
+
+
+def test_readme_lists_every_line_the_horovod_port_changes():
+    port = open(os.path.join(ROOT, "examples", "horovod_mnist.py")).read().splitlines()
+    marked = [line.strip() for line in port if "# bno-hvd" in line]
+    assert len(marked) >= 10
+    section = README.split("<!-- horovod-port:start -->")[1].split("<!-- horovod-port:end -->")[0]
+    listed = [line for line in section.splitlines() if line and not line.startswith("```")]
+    assert listed == marked, "README's list of changed lines is stale: run launch/update-readme"

@@ -48,14 +48,21 @@ class SlurmError(RuntimeError):
     """A daemon that did not start or a command that failed (the message says which, with its log)."""
 
 
+def program(name: str) -> str | None:
+    """Full path of a Slurm or munge program (the daemons live in /usr/sbin, often not on PATH)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"]))
+
+
 def unavailable_reason() -> str | None:
     """Why this machine cannot run a Slurm cluster, or None when it can."""
     if os.geteuid() != 0:
         return f"a private Slurm cluster needs root (slurmd runs jobs as their users); running as uid {os.geteuid()}"
-    missing = sorted({pkg for prog, pkg in SLURM_BINARIES.items() if shutil.which(prog) is None})
+    missing = [prog for prog in SLURM_BINARIES if program(prog) is None]
     if missing:
+        packages = sorted({SLURM_BINARIES[prog] for prog in missing})
         return (
-            f"Debian packages missing: {' '.join(missing)} (launch/setup installs them; by hand: apt-get install {APT})"
+            f"{', '.join(missing)} not found: Debian packages {' '.join(packages)} missing "
+            f"(launch/setup installs them; by hand: apt-get install {APT})"
         )
     return None
 
@@ -123,12 +130,12 @@ class SlurmCluster:
         self._start_munge(timeout)
         ctld_port, *node_ports = free_ports(1 + len(self.nodes))
         self._write_conf(ctld_port, node_ports)
-        self._spawn("slurmctld", ["slurmctld", "-D", "-f", self.conf])
+        self._spawn("slurmctld", [program("slurmctld"), "-D", "-f", self.conf])
         self._wait(lambda: self.run("scontrol", "ping", check=False).stdout.count("UP") > 0, timeout, "slurmctld")
         for node in self.nodes:
             for sub in ("spool", "tmp"):
                 os.makedirs(os.path.join(self.workdir, sub, node), mode=0o700, exist_ok=True)
-            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", self.conf])
+            self._spawn(f"slurmd-{node}", [program("slurmd"), "-D", "-N", node, "-f", self.conf])
         self._wait(self._all_idle, timeout, "every node idle in sinfo")
         return self
 
@@ -140,7 +147,7 @@ class SlurmCluster:
         self._spawn(
             "munged",
             [
-                "munged",
+                program("munged"),
                 "--foreground",
                 "--force",  # /tmp above the work directory is world-writable: a warning, not a refusal
                 f"--key-file={key}",
@@ -232,7 +239,7 @@ class SlurmCluster:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
                     raise SlurmError(
-                        f"{name} exited with code {proc.returncode} while waiting for {what}:\n{self._logs()}"
+                        f"{name} exited with code {proc.returncode} while waiting for {what}:\n{self._logs(name)}"
                     )
             if ready():
                 return
@@ -244,8 +251,11 @@ class SlurmCluster:
         states = dict(zip(out[::2], out[1::2]))
         return all(states.get(node) == "idle" for node in self.nodes)
 
-    def _logs(self) -> str:
-        logs = sorted(os.listdir(os.path.join(self.workdir, "log")))
+    def _logs(self, first: str = "") -> str:
+        """The end of every log, those of daemon ``first`` before the others."""
+        logs = sorted(
+            os.listdir(os.path.join(self.workdir, "log")), key=lambda name: (not name.startswith(first), name)
+        )
         return "\n".join(f"--- {name}\n{tail(os.path.join(self.workdir, 'log', name))}" for name in logs)
 
     # --- jobs ----------------------------------------------------------------------------

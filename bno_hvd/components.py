@@ -32,6 +32,7 @@ from .hooks import Hooks
 from .models import build_model
 from .parsing import RankSchedule
 from .runlog import Progress, UpdateLog, check_output_paths
+from .tensorboard import TensorBoardHook, check_tensorboard
 from .weighting import scaled_lr
 
 
@@ -71,7 +72,9 @@ def prepare(cfg: TrainConfig, rank: int, size: int) -> Prepared:
     elif cfg.emulate_speed:
         speeds = RankSchedule.constant(cfg.emulate_speed)
     if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint
-        check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model)
+        check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model, cfg.tensorboard)
+        if cfg.tensorboard:
+            check_tensorboard()
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, cfg.num_classes or data.num_classes, data.input_shape)
     model = model.to(getattr(torch, cfg.dtype))
@@ -90,6 +93,8 @@ def build_hooks(cfg: TrainConfig, prepared: Prepared, rank: int) -> Hooks:
         hooks.append(EmulationHook(DeviceEmulator(rank, cfg.emulate_rate, prepared.speeds)))
     if cfg.inject_fault:
         hooks.append(FaultInjector.parse(cfg.inject_fault, rank))
+    if cfg.tensorboard:
+        hooks.append(TensorBoardHook(cfg.tensorboard, rank))
     return Hooks(hooks)
 
 

@@ -56,6 +56,7 @@ class TrainConfig:
     emulate_schedule: str | None = None
     # -- outputs ------------------------------------------------------------------------------
     log_dir: str | None = None
+    tensorboard: str | None = None  # rank 0 writes TensorBoard events here (bno_hvd.tensorboard)
     save_model: str | None = None
     eval: bool = True
     eval_batch_size: int = 1000

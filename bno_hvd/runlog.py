@@ -58,7 +58,10 @@ def _truncate_updates(path: str, keep_before: int) -> None:
 
 
 def check_output_paths(
-    log_dir: str | None = None, checkpoint_dir: str | None = None, save_model: str | None = None
+    log_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    save_model: str | None = None,
+    tensorboard: str | None = None,
 ) -> None:
     """Raise :class:`UsageError` unless each given output location can be created and written.
 
@@ -68,6 +71,7 @@ def check_output_paths(
         ("--log-dir", log_dir),
         ("--checkpoint-dir", checkpoint_dir),
         ("--save-model", os.path.dirname(os.path.abspath(save_model)) if save_model else None),
+        ("--tensorboard", tensorboard),
     ):
         if directory:
             _check_writable_dir(directory, flag, save_model if flag == "--save-model" else directory)

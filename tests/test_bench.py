@@ -33,6 +33,8 @@ def test_bench_writes_table_json_csv_png(tmp_path):
             "--no-progress",
             "--out",
             str(out),
+            "--tensorboard",
+            str(tmp_path / "tb"),
         ),
         timeout=400,
     )
@@ -54,6 +56,7 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         assert len(lines) == 16
         # the per-rank timeline of compute (blue) and waiting (orange; rank 3 is emulated 2x slower)
         assert_png_drawing(out / f"stragglers_{name}.png", colours=((0.122, 0.467, 0.706), (1.0, 0.498, 0.055)))
+        assert len(list((tmp_path / "tb" / name).glob("events.out.tfevents.*"))) == 1  # one directory per run
 
 
 def test_bench_rejects_unknown_strategy():

@@ -69,7 +69,7 @@ def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("experiment")
     args = "--models cnn --strategies equal,balanced --updates 16 --average-every 4 --dataset synthetic "
     args += "--base-batch-size 8 --rebalance-every 4 --emulate-speed 1,0.5 --emulate-rate 400 --no-eval "
-    args += f"--latency-interval 1 --no-progress --out {out}"
+    args += f"--latency-interval 1 --no-progress --out {out} --tensorboard {out / 'tb'}"
     proc = horovodrun(2, bno_cmd("experiment", *args.split()), timeout=400)
     assert_ok(proc)
     return out
@@ -80,6 +80,9 @@ def test_experiment_draws_one_straggler_picture_per_run(experiment):
         assert_png_drawing(experiment / f"stragglers_cnn_{strategy}.png", colours=(BLUE, ORANGE))
         ranks = json.loads((experiment / "runs" / "cnn" / strategy / "ranks.json").read_text())["ranks"]
         assert [len(r["sync"]) for r in ranks] == [16, 16]
+        # one TensorBoard directory per run (model/strategy)
+        events = list((experiment / "tb" / "cnn" / strategy).glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size > 0
 
 
 def test_report_redraws_the_straggler_pictures(experiment, tmp_path):

@@ -158,6 +158,10 @@ class Progress:
         self.stream.flush()
 
 
+# tqdm's default without its updates/s (samples/s follows, in the postfix): room for the bar
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+
 class ProgressDisplay:
     """A tqdm bar when ``stream`` is a terminal; elsewhere (a log file, a pipe) the same text as
     a line every ~10% of the run and at its end. Used by :class:`Progress` and by the console."""
@@ -181,6 +185,7 @@ class ProgressDisplay:
                 ncols=None if sized else 100,
                 nrows=None if sized else 24,  # tqdm hides bars below the last row, and 0 rows hides every bar
                 leave=True,
+                bar_format=BAR_FORMAT,
             )
 
     @property

@@ -84,6 +84,7 @@ class StepStats:
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
+    rank_steps: list | None = None  # at a rebalance, on rank 0: every rank's RankReport.recent_steps
 
     def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
         return RankStep(
@@ -244,7 +245,7 @@ class Balancer:
         if self.update % self.rebalance_every == 0:
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
-            stats.rank_memory = result.memory_used
+            stats.rank_memory, stats.rank_steps = result.memory_used, result.recent_steps
         self._last_end = time.perf_counter()
         return stats
 

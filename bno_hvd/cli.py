@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from .commands import allocate, bench, docs, experiment, hostfile, train
+from .commands import allocate, bench, console, docs, experiment, hostfile, train
 from .errors import TrainingError, UsageError
 from .world import launched_rank
 
@@ -53,6 +53,6 @@ def main():
     """bno-hvd: heterogeneity-aware data-parallel training on Horovod (BalanceNet allocation)."""
 
 
-for _module in (train, allocate, hostfile, bench, docs, experiment):
+for _module in (train, allocate, hostfile, bench, console, docs, experiment):
     for _command in _module.COMMANDS:
         main.add_command(_command)

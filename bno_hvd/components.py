@@ -33,6 +33,7 @@ from .faults import FaultInjector
 from .hooks import Hooks
 from .models import build_model
 from .runlog import Progress, UpdateLog, check_output_paths
+from .tensorboard import TensorBoardHook, check_tensorboard
 from .weighting import scaled_lr
 
 
@@ -72,7 +73,9 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0) -> Prep
     if hetero.quotas is not None:
         find_place()  # are cgroups writable here? one clear line if not, and nothing left behind
     if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint
-        check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model)
+        check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model, cfg.tensorboard)
+        if cfg.tensorboard:
+            check_tensorboard()
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, cfg.num_classes or data.num_classes, data.input_shape)
     device = Device.for_rank(cfg.device, local_rank, cfg.amp)
@@ -95,6 +98,8 @@ def build_hooks(cfg: TrainConfig, prepared: Prepared, rank: int) -> Hooks:
         hooks.append(CpuQuotaHook(hetero.quotas, rank, hetero.quota_period_us))
     if cfg.inject_fault:
         hooks.append(FaultInjector.parse(cfg.inject_fault, rank))
+    if cfg.tensorboard:
+        hooks.append(TensorBoardHook(cfg.tensorboard, rank))
     return Hooks(hooks)
 
 

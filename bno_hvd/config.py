@@ -62,6 +62,7 @@ class TrainConfig:
     cpu_quota_period_ms: float | None = None  # None: 10 ms, longer where a small quota needs it
     # -- outputs ------------------------------------------------------------------------------
     log_dir: str | None = None
+    tensorboard: str | None = None  # rank 0 writes TensorBoard events here (bno_hvd.tensorboard)
     save_model: str | None = None
     eval: bool = True
     eval_batch_size: int = 1000

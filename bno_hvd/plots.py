@@ -115,34 +115,57 @@ def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, targe
     )
 
 
-def plot_stragglers(rank_steps: list, path: str, *, title: str, smooth: int = 5) -> None:
-    """One row per rank, over updates: its compute time and the time it waited for the others
-    (its sync time minus the shortest sync of that update, which is the allreduce itself: the
-    last rank to arrive waits least). ``rank_steps``: every rank's ``RankStep`` list."""
-    import numpy as np
+def plot_stragglers(rank_steps: list, path: str, *, title: str, max_columns: int = 400) -> None:
+    """One row per rank, one column per update: the rank's compute, the time it waited for the
+    last rank to arrive, and the exchange after that arrival (every rank's alike), stacked, so a
+    column is the whole update as that rank saw it (:mod:`bno_hvd.stragglers` defines each part).
+    Above ``max_columns`` updates, each column is the mean of a block of updates (never smoothed
+    across the edges). ``rank_steps``: every rank's ``RankStep`` list."""
+    from .stragglers import block_means, straggler_timeline
 
+    timeline = straggler_timeline(rank_steps)
+    n = timeline.updates
+    block = max(1, -(-n // max_columns))
+    parts = [
+        (block_means(timeline.compute, block), "compute", "tab:blue"),
+        (block_means(timeline.waited, block), "waited for the last rank", "tab:orange"),
+        (block_means(timeline.exchange[None, :].repeat(timeline.ranks, axis=0), block), "exchange", "0.75"),
+    ]
+    if not timeline.has_sync:
+        parts = parts[:1]
+    edges = [min(k * block, n) for k in range(parts[0][0].shape[1] + 1)]
+    top = 1e3 * float(max(1e-9, sum(p[0] for p in parts).max(initial=0.0)))
     plt = _pyplot()
-    n = min(len(s) for s in rank_steps)
-    compute = np.array([[s.compute for s in steps[:n]] for steps in rank_steps]) * 1e3
-    sync = np.array([[s.sync for s in steps[:n]] for steps in rank_steps]) * 1e3
-    waited = sync - sync.min(axis=0)
-    k = max(1, min(smooth, n))
-    kernel = np.ones(k) / k
-    updates = np.arange(n)
-    fig, axes = plt.subplots(len(rank_steps), 1, figsize=(9, 1.2 + 1.15 * len(rank_steps)), sharex=True, squeeze=False)
-    top = float(max(1e-9, (compute + waited).max()))
+    fig, axes = plt.subplots(timeline.ranks, 1, figsize=(9, 1.9 + 1.25 * timeline.ranks), sharex=True, squeeze=False)
+    last, waited = timeline.last_share(), timeline.mean_waited()
     for r, ax in enumerate(axes[:, 0]):
-        c = np.convolve(compute[r], kernel, mode="same")
-        w = np.convolve(waited[r], kernel, mode="same")
-        ax.fill_between(updates, 0, c, color="tab:blue", linewidth=0, label="compute")
-        ax.fill_between(updates, c, c + w, color="tab:orange", linewidth=0, label="waiting for others")
+        base = 0.0
+        for values, name, color in parts:
+            ax.stairs(1e3 * (base + values[r]), edges, baseline=1e3 * base, fill=True, color=color, label=name)
+            base = base + values[r]
         ax.set_ylim(0, top * 1.05)
-        ax.set_ylabel(f"rank {r}\nms", fontsize=8)
+        ax.set_xlim(0, max(1, n))
+        ax.set_ylabel("ms", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize=7, loc="upper right", ncol=2)
-    axes[0, 0].set_title(title, fontsize=9)
-    axes[-1, 0].set_xlabel(f"update (moving average of {k})")
-    fig.tight_layout()
+        stats = (
+            f": arrived last in {100 * last[r]:.0f}% of the updates, waited {1e3 * waited[r]:.1f} ms per update"
+            if timeline.has_sync and n
+            else ""
+        )
+        ax.set_title(f"rank {r}{stats}", loc="left", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    axes[-1, 0].set_xlabel("update" if block == 1 else f"update (each column: mean of {block} updates)", fontsize=8)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=3, fontsize=8, frameon=False)
+    note = (
+        "waited = this rank's allreduce (+ rebalance) time minus the shortest one of that update, the one of the rank "
+        "that arrived last;\nexchange = that shortest time. Each rank times itself: ranks on different hosts need no "
+        "common clock."
+        if timeline.has_sync
+        else "this log has no sync times (written by an older version): waiting cannot be shown"
+    )
+    fig.text(0.5, 0.005, note, fontsize=7, color="0.3", ha="center", va="bottom")
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     _save(fig, path)
     plt.close(fig)

@@ -43,7 +43,11 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
     for name in names:
         if world.master:
             echo(f"== {name}")
-        cfg = base.replace(strategy=name, log_dir=os.path.join(out_dir, "runs", name) if out_dir else None)
+        cfg = base.replace(
+            strategy=name,
+            log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
+            tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
+        )
         result = run_training(cfg, world)
         gc.collect()  # free the finished run's model and optimizer before the next one
         runs[name] = result
@@ -109,7 +113,8 @@ def run_experiment(
                         os.remove(os.path.join(log_dir, stale))
                 echo(f"== {model} / {strategy}")
             try:
-                run_training(base.replace(model=model, strategy=strategy, log_dir=log_dir), world)
+                tb = os.path.join(base.tensorboard, model, strategy) if base.tensorboard else None
+                run_training(base.replace(model=model, strategy=strategy, log_dir=log_dir, tensorboard=tb), world)
             except TrainingError as err:  # every rank sees the same global loss: all end here
                 if world.master:
                     echo(f"bno-hvd: warning: {model}/{strategy} stopped: {err}")

@@ -3,9 +3,7 @@
 import csv
 import json
 
-from conftest import assert_ok, bno_cmd, horovodrun
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from conftest import PNG_MAGIC, assert_ok, assert_png_drawing, bno_cmd, horovodrun
 
 
 def test_bench_writes_table_json_csv_png(tmp_path):
@@ -35,6 +33,8 @@ def test_bench_writes_table_json_csv_png(tmp_path):
             "--no-progress",
             "--out",
             str(out),
+            "--tensorboard",
+            str(tmp_path / "tb"),
         ),
         timeout=400,
     )
@@ -54,6 +54,9 @@ def test_bench_writes_table_json_csv_png(tmp_path):
     for name in ("equal", "balanced", "bno"):
         lines = (out / "runs" / name / "updates.jsonl").read_text().splitlines()
         assert len(lines) == 16
+        # the per-rank timeline of compute (blue) and waiting (orange; rank 3 is emulated 2x slower)
+        assert_png_drawing(out / f"stragglers_{name}.png", colours=((0.122, 0.467, 0.706), (1.0, 0.498, 0.055)))
+        assert len(list((tmp_path / "tb" / name).glob("events.out.tfevents.*"))) == 1  # one directory per run
 
 
 def test_bench_rejects_unknown_strategy():

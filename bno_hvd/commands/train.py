@@ -302,6 +302,17 @@ def train_options(fn=None, *, exclude=()):
             "threads",
             click.option("--threads", type=int, default=D.threads, show_default=True, help="torch threads per rank."),
         ),
+        (
+            "tensorboard",
+            click.option(
+                "--tensorboard",
+                type=click.Path(file_okay=False),
+                default=D.tensorboard,
+                help="Rank 0 writes TensorBoard events here: per update loss, samples/s, weight-update time, "
+                "global batch, lr; per rank batch, compute, waiting, memory; allocation changes (bench and "
+                "experiment: one sub-directory per run).",
+            ),
+        ),
     ]
     for name, opt in reversed(opts):
         if name not in exclude:

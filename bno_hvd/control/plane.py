@@ -24,6 +24,7 @@ class RankReport:
     compute_samples: list[tuple[int, float]] = field(default_factory=list)
     max_batch: int | None = None
     warnings: list[str] = field(default_factory=list)  # this rank's new warnings, for rank 0 to show
+    recent_steps: list = field(default_factory=list)  # (update, RankStep) since the last report, if a hook sends them
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -58,6 +59,7 @@ class RebalanceResult:
     seconds: float  # gather + compute + broadcast, as seen by this rank
     warnings: list[str] = field(default_factory=list)  # rank 0: the strategy's and every rank's
     memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
+    recent_steps: list | None = None  # rank 0: every rank's RankReport.recent_steps
 
 
 class ControlPlane:
@@ -84,14 +86,15 @@ class ControlPlane:
         """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
         t0 = time.perf_counter()
         reports = self.gather(report)
-        sizes, warnings, memory = None, [], None
+        sizes, warnings, memory, recent = None, [], None, None
         if self.rank == 0:
             sizes, warning = allocate_on_root(strategy, reports, current, update)
             warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
             memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
+            recent = [r.recent_steps for r in reports]
         sizes = self.broadcast(sizes)
         assert len(sizes) == self.size and all(b >= 1 for b in sizes)
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent)
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):

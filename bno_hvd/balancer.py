@@ -80,6 +80,7 @@ class StepStats:
     compute_seconds: float  # start of step -> end of backward (emulated wait included)
     sync_seconds: float  # end of backward -> optimizer step done (allreduce and waiting)
     cpu_seconds: float  # CPU time of this process (all threads) in the update
+    cpu_sync_seconds: float = 0.0  # ... of it in the sync phase (the allreduce's work, and any spinning)
     gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
@@ -95,6 +96,7 @@ class StepStats:
             self.cpu_seconds,
             micro_batches,
             self.gap_seconds,
+            self.cpu_sync_seconds,
         )
 
 
@@ -143,7 +145,7 @@ class Balancer:
         self.plan = AllocationPlan(initial, lag=lag or 1)
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
-        self._t0 = self._t_compute = self._cpu0 = self._gap = 0.0
+        self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._last_end: float | None = None  # when the previous update ended (end_step returned)
 
     # -- what the loop asks ---------------------------------------------------------------
@@ -215,7 +217,7 @@ class Balancer:
         step = self._require_step()
         if self.sync is not None:
             self.sync()
-        self._t_compute = time.perf_counter()
+        self._t_compute, self._cpu_compute = time.perf_counter(), time.process_time()
         compute = self._t_compute - self._t0
         # What the strategies see of this rank: its local time per update, i.e. compute plus the
         # work before it (getting the batch, logging), which delays its arrival at the allreduce
@@ -230,10 +232,11 @@ class Balancer:
         stats = StepStats(
             step.update,
             step.batch_sizes,
-            self._t_compute - self._t0,
-            now - self._t_compute,
-            time.process_time() - self._cpu0,
-            self._gap,
+            compute_seconds=self._t_compute - self._t0,
+            sync_seconds=now - self._t_compute,
+            cpu_seconds=time.process_time() - self._cpu0,
+            cpu_sync_seconds=time.process_time() - self._cpu_compute,
+            gap_seconds=self._gap,
         )
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()

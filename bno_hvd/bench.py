@@ -173,6 +173,7 @@ class RankBreakdown:
     compute: float  # forward and backward (emulated wait included)
     sync: float  # the allreduce, including waiting for slower ranks
     cpu_share: float  # CPU seconds used / wall seconds (all threads; 1.0 = one full core)
+    cpu_sync: float = 0.0  # CPU seconds per update in the sync phase (the allreduce's work, and any spinning)
 
 
 def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0) -> list[RankBreakdown]:
@@ -189,16 +190,17 @@ def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0) -> list[Ra
                 sum(x.compute for x in s) / n,
                 sum(x.sync for x in s) / n,
                 sum(x.cpu for x in s) / wall if wall > 0 else math.nan,
+                sum(x.cpu_sync for x in s) / n,
             )
         )
     return out
 
 
 def format_breakdown(rows: list[RankBreakdown]) -> str:
-    head = f"{'rank':>6}{'batch':>8}{'gap ms':>9}{'compute ms':>12}{'sync ms':>10}{'CPU share':>11}"
+    head = f"{'rank':>6}{'batch':>8}{'gap ms':>9}{'compute ms':>12}{'sync ms':>10}{'CPU share':>11}{'sync CPU ms':>13}"
     lines = [head] + [
         f"{r.rank:>6}{r.batch:>8.1f}{1e3 * r.gap:>9.1f}{1e3 * r.compute:>12.1f}{1e3 * r.sync:>10.1f}"
-        f"{r.cpu_share:>11.2f}"
+        f"{r.cpu_share:>11.2f}{1e3 * r.cpu_sync:>13.1f}"
         for r in rows
     ]
     return "\n".join(lines)

@@ -51,6 +51,7 @@ class TrainConfig:
     device: str = "auto"  # auto: GPU local_rank where CUDA is available, else the CPU
     amp: bool = False  # mixed precision (float16 + GradScaler on a GPU, bfloat16 on the CPU)
     threads: int = 1  # torch threads per rank
+    collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi, or gloo (waits without spinning)
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
     # -- heterogeneity ------------------------------------------------------------------------
@@ -116,6 +117,7 @@ class TrainConfig:
             )
         for flag, value, choices in (
             ("--device", self.device, ("auto", "cpu", "cuda")),
+            ("--collectives", self.collectives, ("mpi", "gloo")),
             ("--optimizer", self.optimizer, ("sgd", "adam")),
             ("--dtype", self.dtype, ("float32", "float64")),
             ("--lr-scaling", self.lr_scaling, ("linear", "none")),

@@ -59,6 +59,7 @@ class RankStep:
     cpu: float = 0.0  # CPU seconds this process used in the update (all its threads)
     micro_batches: int = 1  # forward/backward passes the batch took (memory cap)
     gap: float = 0.0  # s from the previous update's end to this step's start (getting the batch, logging)
+    cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
 
     @property
     def seconds(self) -> float:

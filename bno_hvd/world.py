@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .gloo_rendezvous import init_gloo_env
 from .launching import arrange_for_shared_cores
 
 
@@ -50,12 +51,18 @@ class World:
         MPI.COMM_WORLD.Abort(code)
 
 
-def init_world() -> World:
-    """Initialise MPI and Horovod in this rank; raises :class:`UsageError` for a wrong launch."""
+def init_world(collectives: str = "mpi") -> World:
+    """Initialise MPI and Horovod in this rank; raises :class:`UsageError` for a wrong launch.
+
+    ``collectives``: what Horovod's allreduce runs on, ``mpi`` or ``gloo``
+    (:mod:`bno_hvd.gloo_rendezvous`); the control plane always talks MPI."""
     notes = [n for n in [arrange_for_shared_cores()] if n]
     import horovod.torch as hvd
     from mpi4py import MPI  # initialises MPI (after the environment above is final)
 
+    if collectives == "gloo":
+        init_gloo_env(MPI.COMM_WORLD)
+        notes.append("Horovod's collectives run on Gloo (TCP, waits in the kernel); the control plane on MPI")
     hvd.init()
     world = MPI.COMM_WORLD
     if world.Get_size() != hvd.size():

@@ -37,7 +37,9 @@ def bench(strategies, warmup, out_dir, progress, **kw):
     from ..suites import run_bench
     from ..world import init_world
 
-    outcome = run_bench(base, names, warmup, out_dir, init_world(), echo=lambda m: click.echo(m, err=True))
+    outcome = run_bench(
+        base, names, warmup, out_dir, init_world(base.collectives), echo=lambda m: click.echo(m, err=True)
+    )
     if outcome is None:  # not rank 0
         return
     click.echo(outcome.label)

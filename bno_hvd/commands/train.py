@@ -280,6 +280,17 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
         (
+            "collectives",
+            click.option(
+                "--collectives",
+                type=click.Choice(["mpi", "gloo"]),
+                default=D.collectives,
+                show_default=True,
+                help="What Horovod's allreduce runs on (the control plane is MPI either way); gloo waits "
+                "without spinning, which CPU-throttled ranks need.",
+            ),
+        ),
+        (
             "device",
             click.option(
                 "--device",
@@ -394,7 +405,7 @@ def train(dry_run, world_size, **kw):
     from ..train import run_training
     from ..world import init_world
 
-    run_training(cfg, init_world())
+    run_training(cfg, init_world(cfg.collectives))
 
 
 COMMANDS = [train]

@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -70,4 +71,7 @@ def init_world(collectives: str = "mpi") -> World:
             f"mpi4py sees {world.Get_size()} ranks but Horovod sees {hvd.size()}; "
             "launch with horovodrun --mpi (not --gloo) or mpirun"
         )
+    if hvd.rank() == 0:
+        for note in notes:  # once per job, where the user sees it (and in every run.json)
+            print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     return World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), world.Dup(), world.Dup(), notes)

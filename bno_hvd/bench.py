@@ -30,6 +30,7 @@ class BenchSummary:
     control_overhead: float  # share of wall time spent in rebalances
     control_ms_per_rebalance: float = 0.0
     compute_balance: float = math.nan  # mean over updates of mean/max per-rank compute time
+    compute_balance_of_means: float = math.nan  # the same of each rank's mean compute time (noise averaged out)
     outside_compute_share: float = math.nan  # share of update time not spent in the slowest compute
     speedup_vs_equal: float | None = None
     final_batch_sizes: list[int] | None = None
@@ -63,6 +64,7 @@ def summarize(
         control_overhead=control / wall,
         control_ms_per_rebalance=1e3 * control / events if events else 0.0,
         compute_balance=compute_balance(rank_steps, warmup),
+        compute_balance_of_means=compute_balance_of_means(rank_steps, warmup),
         outside_compute_share=outside_compute_share(recs, [s[warmup:] for s in rank_steps]),
         final_batch_sizes=list(records[-1].batch_sizes),
         mean_global_batch=samples / len(recs),
@@ -94,6 +96,16 @@ def compute_balance(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
     worst = m.max(axis=0)
     ok = worst > 0
     return float(np.mean(m.mean(axis=0)[ok] / worst[ok])) if ok.any() else math.nan
+
+
+def compute_balance_of_means(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
+    """Mean over ranks / max over ranks of each rank's mean compute time per update. Per update,
+    CPU throttling makes compute times jitter by up to a quota period; this shows the split."""
+    m = compute_matrix(rank_steps, warmup)
+    if m.size == 0:
+        return math.nan
+    means = m.mean(axis=1)
+    return float(means.mean() / means.max()) if means.max() > 0 else math.nan
 
 
 def outside_compute_share(records: list[UpdateRecord], rank_steps: list[list[RankStep]]) -> float:
@@ -213,6 +225,7 @@ TABLE_COLUMNS = (
     "speedup_vs_equal",
     "fraction_of_ideal",
     "compute_balance",
+    "compute_balance_of_means",
     "outside_compute_share",
     "control_overhead",
     "control_ms_per_rebalance",
@@ -224,14 +237,15 @@ TABLE_COLUMNS = (
 def format_table(summaries: list[BenchSummary]) -> str:
     head = (
         f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}"
-        f"{'balance':>8}{'outside':>8}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
+        f"{'balance':>8}{'of means':>9}{'outside':>8}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
     )
     lines = [head, "-" * len(head)]
     for s in summaries:
         speed = f"{s.speedup_vs_equal:.2f}x" if s.speedup_vs_equal is not None else "-"
         lines.append(
             f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
-            f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.compute_balance:>8.2f}{s.outside_compute_share:>8.0%}"
+            f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.compute_balance:>8.2f}{s.compute_balance_of_means:>9.2f}"
+            f"{s.outside_compute_share:>8.0%}"
             f"{s.control_overhead:>9.2%}{s.control_ms_per_rebalance:>9.2f}{s.mean_global_batch:>9.1f}"
             f"  {','.join(map(str, s.final_batch_sizes or []))}"
         )

@@ -67,3 +67,20 @@ def test_recovery_counts_rebalance_intervals():
 def test_rolling_efficiency_of_a_perfect_run_is_one():
     records, steps = make_log(0.5, [25, 25], [0.5, 0.5])
     assert rolling_efficiency(records, steps, 3) == pytest.approx([1.0] * 6)
+
+
+def test_compute_balance_outside_share_and_breakdown_by_hand():
+    from bno_hvd.bench import compute_balance, compute_balance_of_means, outside_compute_share, rank_breakdown
+
+    # two ranks, two updates: compute (0.2, 0.4) then (0.4, 0.2); every update cycle takes 0.5 s
+    steps = [
+        [RankStep(10, 0.2, sync=0.3, cpu=0.25, gap=0.01), RankStep(10, 0.4, sync=0.1, cpu=0.3)],
+        [RankStep(10, 0.4, sync=0.1, cpu=0.4), RankStep(10, 0.2, sync=0.3, cpu=0.2, cpu_sync=0.05)],
+    ]
+    records = [UpdateRecord(u, [10, 10], 0.5, 20, 0.5 * (u + 1)) for u in range(2)]
+    assert compute_balance(steps) == pytest.approx(0.75)  # per update (0.2 + 0.4) / 2 / 0.4
+    assert compute_balance_of_means(steps) == pytest.approx(1.0)  # each rank computes 0.3 s on average
+    assert outside_compute_share(records, steps) == pytest.approx(0.2)  # (0.5 - 0.4) / 0.5 in both
+    rows = rank_breakdown(steps)
+    assert rows[0].gap == pytest.approx(0.005) and rows[1].cpu_sync == pytest.approx(0.025)
+    assert rows[0].cpu_share == pytest.approx(0.55 / 1.01)

@@ -160,18 +160,33 @@ def rolling_efficiency(records: list[UpdateRecord], rank_steps: list[list[RankSt
 
 
 def recovery_intervals(
-    efficiency: list[float], changes: list[int], rebalance_every: int, threshold: float = 0.9
+    efficiency: list[float], changes: list[int], rebalance_every: int, threshold=0.9
 ) -> list[float | None]:
     """For each change at update ``c``: rebalance intervals until the rolling efficiency (over a
     window of ``rebalance_every`` updates, see :func:`rolling_efficiency`) is back at
-    ``threshold``, counting only windows that lie wholly after the change (None: never before
-    the next change or the end). 1.0 means the first full interval after the change was there."""
+    ``threshold`` (one number, or one per change), counting only windows that lie wholly after the
+    change (None: never before the next change or the end). 1.0 means the first full interval after
+    the change was there."""
     out = []
     bounds = list(changes) + [len(efficiency)]
-    for c, nxt in zip(changes, bounds[1:]):
+    limits = threshold if isinstance(threshold, (list, tuple)) else [threshold] * len(changes)
+    for c, nxt, limit in zip(changes, bounds[1:], limits):
         first = c + rebalance_every - 1
-        hit = next((u for u in range(first, nxt) if efficiency[u] >= threshold), None)
+        hit = next((u for u in range(first, nxt) if efficiency[u] >= limit), None)
         out.append(None if hit is None else (hit - c + 1) / rebalance_every)
+    return out
+
+
+def best_plateaus(efficiencies: dict[str, list[float]], changes: list[int]) -> list[float]:
+    """Per change, the highest steady efficiency any strategy reached before the next change (the
+    median of its rolling efficiency over the second half of that stretch). Under real throttling
+    the allreduce keeps every strategy far below the compute-only ideal; recovery then means
+    reaching 90% of what the best strategy sustains there."""
+    bounds = list(changes) + [min(len(e) for e in efficiencies.values())]
+    out = []
+    for c, nxt in zip(changes, bounds[1:]):
+        mid = c + (nxt - c) // 2
+        out.append(max(float(np.median(e[mid:nxt])) for e in efficiencies.values() if len(e[mid:nxt])))
     return out
 
 

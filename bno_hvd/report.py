@@ -197,6 +197,7 @@ def write_bench_outputs(
     changes: list[int],
     title: str,
     breakdown: dict | None = None,
+    recovery_vs_best: dict | None = None,
 ) -> None:
     """bench.json, bench.csv, bench.png and one straggler picture per strategy."""
     rows = []
@@ -204,6 +205,8 @@ def write_bench_outputs(
         row = dict(s.to_dict(), emulation=label)
         if recovery:
             row["recovery_intervals"] = recovery[s.strategy]
+        if recovery_vs_best:
+            row["recovery_vs_best_intervals"] = recovery_vs_best[s.strategy]
         if breakdown:
             row["rank_breakdown"] = [dataclasses.asdict(b) for b in breakdown[s.strategy]]
         rows.append(row)

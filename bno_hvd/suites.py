@@ -13,6 +13,7 @@ from .atomic import write_json_atomic
 from .bench import (
     BenchSummary,
     RankBreakdown,
+    best_plateaus,
     rank_breakdown,
     recovery_intervals,
     rolling_efficiency,
@@ -35,6 +36,7 @@ class BenchOutcome:
     recovery: dict[str, list] | None = None
     changes: list[int] = field(default_factory=list)
     breakdown: dict[str, list[RankBreakdown]] = field(default_factory=dict)  # per strategy, per rank
+    recovery_vs_best: dict[str, list] | None = None  # ... to 90% of the best strategy's plateau
 
 
 def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
@@ -56,20 +58,19 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
     summaries = with_speedups([summarize(n, r.records, r.rank_steps, warmup) for n, r in runs.items()])
     hetero = from_config(base, world.size)
     run_label, changes = hetero.label(), hetero.changes()
-    recovery = None
+    recovery = relative = None
     if changes:
-        recovery = {
-            n: recovery_intervals(
-                rolling_efficiency(r.records, r.rank_steps, base.rebalance_every), changes, base.rebalance_every
-            )
-            for n, r in runs.items()
-        }
+        every = base.rebalance_every
+        eff = {n: rolling_efficiency(r.records, r.rank_steps, every) for n, r in runs.items()}
+        recovery = {n: recovery_intervals(e, changes, every) for n, e in eff.items()}
+        limits = [0.9 * p for p in best_plateaus(eff, changes)]
+        relative = {n: recovery_intervals(e, changes, every, limits) for n, e in eff.items()}
     breakdown = {n: rank_breakdown(r.rank_steps, warmup) for n, r in runs.items()}
     if out_dir:
         title = f"weight-update time per update ({base.model}, {world.size} ranks)"
         records = {n: r.records for n, r in runs.items()}
-        write_bench_outputs(out_dir, summaries, records, run_label, recovery, changes, title, breakdown)
-    return BenchOutcome(summaries, run_label, recovery, changes, breakdown)
+        write_bench_outputs(out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative)
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative)
 
 
 def run_experiment(

@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from bno_hvd.allocation import (
@@ -253,3 +254,23 @@ def test_latency_offsets_ignore_unmeasured_pairs():
     # Means over measured pairs only: 0.01, 0.03, 0.02 -> minus the minimum 0.01.
     assert latency_offsets(lat).tolist() == pytest.approx([0.0, 0.02, 0.01])
     assert latency_offsets(ClusterMetrics([1], [1], [[0]]).latency_array()).tolist() == [0.0]
+
+
+def test_noisy_equal_ranks_keep_their_split_but_a_real_change_moves_it():
+    # four equal ranks whose single steps jitter by +-70% (measured under CPU quotas: 30-50% of a
+    # step, heavy-tailed): the fits differ by up to ~20%, which the 5% deadband alone chases
+    # (noise_sigmas=0: 14 moves of these 19 rebalances); the noise term keeps the split
+    rng = np.random.default_rng(1)
+
+    def noisy(cost, n=16):
+        return [(32, 32 * cost * float(rng.uniform(0.3, 1.7))) for _ in range(n)]
+
+    s = make_strategy("balanced", 4, 32)
+    moved = 0
+    for update in range(10, 200, 10):
+        got = s.rebalance(metrics([1] * 4, samples=[noisy(0.001) for _ in range(4)]), [32] * 4, update)
+        moved += got != [32] * 4
+    assert moved <= 1, moved
+    # rank 3 really becomes 3x slower: the split moves at once
+    got = s.rebalance(metrics([1] * 4, samples=[noisy(0.001)] * 3 + [noisy(0.003)]), [32] * 4, 200)
+    assert got[3] < 20 and sum(got) == 128

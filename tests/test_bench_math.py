@@ -84,3 +84,16 @@ def test_compute_balance_outside_share_and_breakdown_by_hand():
     rows = rank_breakdown(steps)
     assert rows[0].gap == pytest.approx(0.005) and rows[1].cpu_sync == pytest.approx(0.025)
     assert rows[0].cpu_share == pytest.approx(0.55 / 1.01)
+
+
+def test_recovery_against_the_best_strategys_plateau():
+    from bno_hvd.bench import best_plateaus
+
+    # under real throttling no strategy gets near the compute-only ideal: one plateaus at 0.5,
+    # the other at 0.3; after the change at update 4 the first is back at 90% of 0.5 in its
+    # second window, the second never (a strategy that does not adapt)
+    fast = [0.5] * 4 + [0.2, 0.3, 0.47, 0.5, 0.5, 0.5, 0.5, 0.5]
+    slow = [0.5] * 4 + [0.2] * 2 + [0.3] * 6
+    limits = [0.9 * p for p in best_plateaus({"fast": fast, "slow": slow}, [4])]
+    assert limits == pytest.approx([0.45])
+    assert recovery_intervals(fast, [4], 2, limits) == [1.5] and recovery_intervals(slow, [4], 2, limits) == [None]

@@ -24,14 +24,18 @@ earlier. We add to ``a_i`` the rank's mean measured round trip to the other rank
 cluster minimum of that mean, scaled by option ``latency_weight`` (default 1; 0 disables).
 A uniform network therefore changes nothing.
 
-Stability. The fitted ``(a_i, c_i)`` are smoothed across rebalances by an exponential moving
-average (option ``smoothing`` = weight of the previous fit, default 0.5; 0 = no smoothing) - except
-when a rank's cost per sample changes by more than 1.5x, which is taken at once - and a
-deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted
-to shorten the step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction
-(``deadband=0`` disables it). A criterion on predicted time rather than on batch sizes ignores
-moves that only chase measurement noise (on equal ranks, every move predicts ~0 gain), yet
-reacts at once when a rank really slows down.
+Stability. The fitted ``(a_i, c_i)`` (over the last ``window`` steps, default 16) are smoothed
+across rebalances by an exponential moving average (option ``smoothing`` = weight of the previous
+fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample changes by more than
+1.5x and by more than its measurement noise, which is taken at once - and a deadband (option
+``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
+step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
+``noise_sigmas`` (default 2) times the fits' relative standard error (``deadband=0`` disables
+both). Under CPU quotas single steps jitter by up to a quota period; the noise term keeps equal
+ranks from trading samples on that jitter (Greyhound's rule: rebalance only when it pays). A
+criterion on predicted time rather than on batch sizes ignores moves that only chase measurement
+noise (on equal ranks, every move predicts ~0 gain), yet reacts at once when a rank really slows
+down.
 """
 
 from __future__ import annotations
@@ -86,6 +90,24 @@ def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float,
         if c > 0 and a >= 0:
             return float(a), float(c)
     return 0.0, float((b * t).sum() / (b * b).sum())
+
+
+def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
+    """Relative standard error of a fit's mean predicted time: the residuals' spread over the
+    window, divided by sqrt(n) and by the mean time. Under a CPU quota single steps jitter by up
+    to a quota period (measured: 30-50% of a step), so a fit of 8 steps can be 15% off; moves
+    smaller than that noise would only chase it."""
+    pts = [
+        (float(b), float(t))
+        for b, t in list(samples)[-window:]
+        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
+    ]
+    if len(pts) < 3:
+        return 0.0
+    b = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    resid = t - (a * passes(b, cap) + c * b)
+    return float(resid.std(ddof=1) / math.sqrt(len(pts)) / t.mean())
 
 
 def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
@@ -182,7 +204,7 @@ class BalancedStrategy(Strategy):
     """Fixed global batch, split so all ranks finish compute at the same time (see module doc)."""
 
     name = "balanced"
-    OPTIONS = {"smoothing": 0.5, "deadband": 0.05, "latency_weight": 1.0, "window": 8}
+    OPTIONS = {"smoothing": 0.5, "deadband": 0.05, "latency_weight": 1.0, "window": 16, "noise_sigmas": 2.0}
     JUMP = 1.5
 
     def __init__(self, *args, **kwargs):
@@ -191,22 +213,26 @@ class BalancedStrategy(Strategy):
         _check_range("smoothing", o["smoothing"], 0.0, 1.0, "weight of the previous fit")
         _check_range("deadband", o["deadband"], 0.0, 1.0, "fraction of a rank's batch")
         _check_range("latency_weight", o["latency_weight"], 0.0, math.inf, "0 disables")
+        _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
         if isinstance(o["window"], bool) or not isinstance(o["window"], int) or o["window"] < 1:
             raise UsageError(f"balanced window must be an integer >= 1, got {o['window']!r}")
         self.a = np.full(self.n_ranks, np.nan)  # smoothed fits; NaN = never measured
         self.c = np.full(self.n_ranks, np.nan)
+        self.noise = np.zeros(self.n_ranks)  # relative standard error of each rank's last fit
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
-        a_fit, c_fit = self._fit(metrics)
+        a_fit, c_fit, noise = self._fit(metrics)
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
         s = float(self.options["smoothing"])
-        # A rank whose fitted cost per sample moved by more than JUMP (x1.5 either way) has
-        # really changed (a neighbour arrived or left): take the new fit at once instead of
-        # smoothing towards it, so the split recovers in one rebalance interval.
+        self.noise = np.where(new, noise, self.noise)
+        # A rank whose fitted cost per sample moved by more than JUMP (x1.5 either way), and by
+        # more than its measurement noise, has really changed (a neighbour arrived or left): take
+        # the new fit at once instead of smoothing towards it, so the split recovers in one interval.
         ratio = np.where(new & had, c_fit / np.where(had, self.c, 1.0), 1.0)
-        jumped = new & had & ((ratio > self.JUMP) | (ratio < 1 / self.JUMP))
+        beyond_noise = np.abs(np.log(ratio)) > 1.5 * float(self.options["noise_sigmas"]) * self.noise
+        jumped = new & had & ((ratio > self.JUMP) | (ratio < 1 / self.JUMP)) & beyond_noise
         both, first = new & had & ~jumped, (new & ~had) | jumped
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
         self.c[both] = s * self.c[both] + (1 - s) * c_fit[both]
@@ -230,28 +256,32 @@ class BalancedStrategy(Strategy):
         model = (a, c, caps, offsets)
         return list(current) if self._within_deadband(sizes, current, model) else sizes
 
-    def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray]:
+    def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.options["window"]
         a = np.full(self.n_ranks, np.nan)
         c = np.full(self.n_ranks, np.nan)
+        noise = np.zeros(self.n_ranks)
         for i, (samples, cap) in enumerate(zip(metrics.compute_samples, metrics.max_batch)):
             fit = fit_affine(samples, window, cap)
             if fit is not None:
                 a[i], c[i] = fit
+                noise[i] = fit_noise(samples, window, cap, *fit)
         ops = metrics.ops_array()
         use_ops = np.isnan(c) & np.isfinite(ops) & (ops > 0)
         a[use_ops] = 0.0
         c[use_ops] = 1.0 / ops[use_ops]
-        return a, c
+        return a, c, noise
 
     def _within_deadband(self, sizes: list[int], current: list[int], model) -> bool:
-        """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step."""
+        """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step,
+        or less than ``noise_sigmas`` times the fits' noise: a move must pay, not chase noise."""
         deadband = float(self.options["deadband"])
         if deadband == 0 or sum(current) != self.global_batch:
             return False  # (current is not a split of this global batch: never keep it)
+        threshold = max(deadband, float(self.options["noise_sigmas"]) * float(np.sqrt(np.mean(self.noise**2))))
         step_now = float(np.max(step_time(*model[:2], current, *model[2:])))
         step_new = float(np.max(step_time(*model[:2], sizes, *model[2:])))
-        return step_now - step_new <= deadband * step_now
+        return step_now - step_new <= threshold * step_now
 
     def state_dict(self) -> dict:
         def enc(x):

@@ -49,8 +49,11 @@ def bench(strategies, warmup, out_dir, progress, **kw):
         click.echo(f"  {name}:")
         click.echo("\n".join("    " + line for line in format_breakdown(rows).splitlines()))
     if outcome.recovery:
-        click.echo("recovery after each speed change (rebalance intervals to reach 90% of the new ideal; - = never):")
+        click.echo("recovery after each change (rebalance intervals to reach 90% of the new ideal; - = never):")
         for name, values in outcome.recovery.items():
+            click.echo(f"  {name:<13}" + "  ".join("-" if v is None else f"{v:.1f}" for v in values))
+        click.echo("... and to reach 90% of what the best strategy sustains after the change:")
+        for name, values in outcome.recovery_vs_best.items():
             click.echo(f"  {name:<13}" + "  ".join("-" if v is None else f"{v:.1f}" for v in values))
     if out_dir:
         click.echo(f"wrote {out_dir}/bench.json, bench.csv, bench.png, stragglers_*.png")

@@ -66,6 +66,11 @@ def assert_png_drawing(path, *, colours=(), min_bytes=15_000):
         assert near.sum() > 200, (path, rgb, int(near.sum()))
 
 
+def max_relative_difference(a, b, floor=1e-12):
+    """Largest |a - b| over the largest |b|, over every tensor of two state dicts."""
+    return max(((a[k] - b[k]).abs().max() / (b[k].abs().max() + floor)).item() for k in b)
+
+
 def assert_ok(proc):
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"

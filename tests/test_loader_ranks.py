@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, assert_ok, bno_cmd, horovodrun, mpirun, python_cmd
+from conftest import ROOT, assert_ok, bno_cmd, horovodrun, max_relative_difference, mpirun, python_cmd
 from PIL import Image
 
 from bno_hvd.records import steps_from_json
@@ -81,10 +81,6 @@ def train_and_save(np_, strategy_flags, path, tmp_path, workers, extra=()):
     )
     assert_ok(horovodrun(np_, args, timeout=400))
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def max_relative_difference(a, b):
-    return max(((a[k] - b[k]).abs().max() / (b[k].abs().max() + 1e-12)).item() for k in b)
 
 
 def test_uneven_changing_ranks_through_workers_equal_one_process(tmp_path, fashion_available):

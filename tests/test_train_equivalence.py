@@ -10,7 +10,7 @@ Plain SGD is linear in the gradient and is checked in float32."""
 
 import pytest
 import torch
-from conftest import assert_ok, bno_cmd, horovodrun
+from conftest import assert_ok, bno_cmd, horovodrun, max_relative_difference
 
 
 def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=20, extra=()):
@@ -45,14 +45,6 @@ def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=2
     proc = horovodrun(np_, args, timeout=400)
     assert_ok(proc)
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def max_relative_difference(a, b):
-    worst = 0.0
-    for name in b:
-        scale = b[name].abs().max().item() + 1e-12
-        worst = max(worst, (a[name] - b[name]).abs().max().item() / scale)
-    return worst
 
 
 @pytest.mark.parametrize("optimizer,dtype", [("sgd", "float32"), ("adam", "float64")])

@@ -24,6 +24,7 @@ Without a loader, ``start_step()`` gives ``step.indices`` to index an in-memory 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +141,7 @@ class Balancer:
         self.sync = sync  # waits for the device's queued work before a clock is read (a GPU)
         self.sampler = UnevenSampler(dataset_len, seed=seed)
         self.window = StepWindow(window)
+        self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds), for rank 0
         self.fixed_lag = lag
         initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
         self.plan = AllocationPlan(initial, lag=lag or 1)
@@ -238,6 +240,7 @@ class Balancer:
             cpu_sync_seconds=time.process_time() - self._cpu_compute,
             gap_seconds=self._gap,
         )
+        self.syncs.append((step.update, stats.sync_seconds))
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
         self._step = None
@@ -266,6 +269,7 @@ class Balancer:
             self.window.samples(),
             self.max_batch,
             warnings=self.warnings.drain() if self.rank != 0 else [],
+            sync_samples=list(self.syncs),
         )
         return self.report_filter(report, self.update) if self.report_filter else report
 

@@ -274,3 +274,30 @@ def test_noisy_equal_ranks_keep_their_split_but_a_real_change_moves_it():
     # rank 3 really becomes 3x slower: the split moves at once
     got = s.rebalance(metrics([1] * 4, samples=[noisy(0.001)] * 3 + [noisy(0.003)]), [32] * 4, 200)
     assert got[3] < 20 and sum(got) == 128
+
+
+def test_a_rank_that_slows_the_allreduce_when_last_gets_less():
+    from bno_hvd.allocation.balanced import arrival_penalties
+
+    # 12 updates of 4 ranks: the last to arrive has the shortest sync (the allreduce itself):
+    # 22 ms when rank 0, 1 or 2 is last, 30 ms when rank 3 is: rank 3 costs 8 ms when last
+    syncs = [[], [], [], []]
+    for u in range(12):
+        last = u % 4
+        for r in range(4):
+            allreduce = 0.030 if last == 3 else 0.022
+            syncs[r].append((u, allreduce if r == last else allreduce + 0.005 + 0.001 * r))
+    pen = arrival_penalties(syncs)
+    assert pen[3] == pytest.approx(0.008) and pen[:3] == pytest.approx([0, 0, 0])
+    assert np.isnan(arrival_penalties([s[:4] for s in syncs])).all()  # too few updates to tell
+    # the split: equal ranks at 1 ms per sample, rank 3 must finish 8 ms earlier:
+    # 4 T* / 0.001 - 8 = 128 samples -> T* = 34 ms: 34 samples each, rank 3 (34 - 8) = 26
+    m = ClusterMetrics(
+        ops=[1] * 4,
+        memory_used=[1e9] * 4,
+        latency=ZERO_LAT,
+        compute_samples=[[(32, 0.032)] * 8] * 4,
+        sync_samples=syncs,
+    )
+    got = make_strategy("balanced", 4, 32, smoothing=0.0).rebalance(m, [32] * 4, 12)
+    assert got == [34, 34, 34, 26]

@@ -19,6 +19,12 @@ Fallbacks, so a rank is never starved or crashes the run:
   median fit of the other ranks (and set ``last_warning``). If no rank has ever been measured,
   keep ``current``.
 
+Arrival penalty. A rank whose own part of the allreduce is slow (under a CPU quota it has spent
+on compute, it is throttled in the middle of the allreduce) makes every rank wait longer whenever
+it is the last to arrive. :func:`arrival_penalties` measures that from every rank's sync times
+(option ``arrival_weight``, default 1; 0 disables), and the rank's share is cut so that it
+arrives that much earlier. Emulated or evenly fast ranks have no penalty.
+
 Latency. A rank on a slow link receives its allreduce data later, so it should finish compute
 earlier. We add to ``a_i`` the rank's mean measured round trip to the other ranks minus the
 cluster minimum of that mean, scaled by option ``latency_weight`` (default 1; 0 disables).
@@ -204,7 +210,14 @@ class BalancedStrategy(Strategy):
     """Fixed global batch, split so all ranks finish compute at the same time (see module doc)."""
 
     name = "balanced"
-    OPTIONS = {"smoothing": 0.5, "deadband": 0.05, "latency_weight": 1.0, "window": 16, "noise_sigmas": 2.0}
+    OPTIONS = {
+        "smoothing": 0.5,
+        "deadband": 0.05,
+        "latency_weight": 1.0,
+        "arrival_weight": 1.0,
+        "window": 16,
+        "noise_sigmas": 2.0,
+    }
     JUMP = 1.5
 
     def __init__(self, *args, **kwargs):
@@ -214,11 +227,13 @@ class BalancedStrategy(Strategy):
         _check_range("deadband", o["deadband"], 0.0, 1.0, "fraction of a rank's batch")
         _check_range("latency_weight", o["latency_weight"], 0.0, math.inf, "0 disables")
         _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
+        _check_range("arrival_weight", o["arrival_weight"], 0.0, math.inf, "0 disables")
         if isinstance(o["window"], bool) or not isinstance(o["window"], int) or o["window"] < 1:
             raise UsageError(f"balanced window must be an integer >= 1, got {o['window']!r}")
         self.a = np.full(self.n_ranks, np.nan)  # smoothed fits; NaN = never measured
         self.c = np.full(self.n_ranks, np.nan)
         self.noise = np.zeros(self.n_ranks)  # relative standard error of each rank's last fit
+        self.penalty = np.zeros(self.n_ranks)  # s a rank adds to the allreduce when it arrives last
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
@@ -249,7 +264,11 @@ class BalancedStrategy(Strategy):
         # Unknown ranks are treated as typical, not stored: their own fit replaces this later.
         a = np.where(known, self.a, np.median(self.a[known]))
         c = np.where(known, self.c, np.median(self.c[known]))
+        seen = arrival_penalties(metrics.sync_samples)
+        known_penalty = np.isfinite(seen)  # a rank that is never last keeps its last estimate
+        self.penalty[known_penalty] = s * self.penalty[known_penalty] + (1 - s) * seen[known_penalty]
         offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
+        offsets = offsets + float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min())
         caps = metrics.max_batch
         target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
         sizes = round_to_total(target, self.global_batch, 1)
@@ -287,12 +306,44 @@ class BalancedStrategy(Strategy):
         def enc(x):
             return [None if np.isnan(v) else float(v) for v in x]
 
-        return {**super().state_dict(), "a": enc(self.a), "c": enc(self.c)}
+        return {**super().state_dict(), "a": enc(self.a), "c": enc(self.c), "penalty": enc(self.penalty)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.a = np.array([np.nan if v is None else float(v) for v in state["a"]])
         self.c = np.array([np.nan if v is None else float(v) for v in state["c"]])
+        self.penalty = np.array([0.0 if v is None else float(v) for v in state.get("penalty", [0.0] * self.n_ranks)])
+
+
+def arrival_penalties(sync_samples, min_count: int = 3) -> np.ndarray:
+    """Seconds each rank adds to the allreduce when it is the last to arrive (NaN: not seen often
+    enough to tell), from every rank's recent ``(update, sync seconds)``.
+
+    In an update every rank waits in the allreduce until the last one arrives, and the allreduce
+    then ends on all ranks together, so the shortest sync time of the update is the allreduce
+    itself and belongs to the rank that arrived last. A rank whose own part of the allreduce is
+    slow (a CPU quota it already spent on compute) makes that shortest time longer whenever it is
+    the last: the median of those updates minus the median of the others is its penalty. Giving
+    the rank that much less compute lets it arrive earlier. Only durations enter, each timed on
+    its own rank, so no common clock is needed.
+    """
+    n = len(sync_samples)
+    by_update: dict[int, dict[int, float]] = {}
+    for rank, pairs in enumerate(sync_samples):
+        for update, seconds in pairs:
+            if math.isfinite(seconds) and seconds >= 0:
+                by_update.setdefault(int(update), {})[rank] = float(seconds)
+    rows = [[v[r] for r in range(n)] for v in by_update.values() if len(v) == n]
+    out = np.full(n, np.nan)
+    if n < 2 or len(rows) < 2 * min_count:
+        return out
+    sync = np.array(rows)
+    allreduce, last = sync.min(axis=1), sync.argmin(axis=1)
+    for i in range(n):
+        mine = last == i
+        if mine.sum() >= min_count and (~mine).sum() >= min_count:
+            out[i] = max(0.0, float(np.median(allreduce[mine]) - np.median(allreduce[~mine])))
+    return out
 
 
 def latency_offsets(latency: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ class ClusterMetrics:
     latency: list  # NxN seconds, NL[i][j] measured round trip i->j, diagonal 0
     compute_samples: list = field(default_factory=list)  # per rank [(batch_size, seconds), ...]
     max_batch: list = field(default_factory=list)  # per rank batch cap, None = no cap
+    sync_samples: list = field(default_factory=list)  # per rank [(update, sync seconds), ...]
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.
@@ -49,6 +50,8 @@ class ClusterMetrics:
             self.compute_samples = [[] for _ in range(self.n)]
         if len(self.max_batch) == 0:
             self.max_batch = [None] * self.n
+        if len(self.sync_samples) == 0:
+            self.sync_samples = [[] for _ in range(self.n)]
 
     @property
     def n(self) -> int:

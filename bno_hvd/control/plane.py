@@ -25,6 +25,7 @@ class RankReport:
     max_batch: int | None = None
     warnings: list[str] = field(default_factory=list)  # this rank's new warnings, for rank 0 to show
     recent_steps: list = field(default_factory=list)  # (update, RankStep) since the last report, if a hook sends them
+    sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -50,6 +51,7 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         latency=complete_matrix(rows).tolist(),
         compute_samples=[list(r.compute_samples) for r in reports],
         max_batch=[r.max_batch for r in reports],
+        sync_samples=[list(r.sync_samples) for r in reports],
     )
 
 

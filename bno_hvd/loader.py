@@ -35,6 +35,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from .errors import UsageError
+from .parsing import show_path
 
 # DataLoader arguments that decide batching and order: those belong to the balancer.
 OWNED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
@@ -137,7 +138,7 @@ class KeyedDataset(Dataset):
         where = f"sample {index}" if index is not None else "a sample"
         files = getattr(self.dataset, "samples", None)
         if index is not None and isinstance(files, list) and index < len(files):
-            where += f" ({files[index][0]})"
+            where += f" ({show_path(files[index][0])})"
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         return (
             f"cannot read {where} of {type(self.dataset).__name__}: {type(err).__name__}"

@@ -25,7 +25,7 @@ from .checkpoint import restore_training_state
 from .config import TrainConfig
 from .control.monitor import MetricsMonitor
 from .data import Datasets, load_datasets
-from .emulation import DeviceEmulator, EmulationHook, load_schedule
+from .emulation import DeviceEmulator, EmulationHook, check_emulated_rate, load_schedule
 from .errors import UsageError
 from .faults import FaultInjector
 from .hooks import Hooks
@@ -68,6 +68,7 @@ def prepare(cfg: TrainConfig, rank: int, size: int) -> Prepared:
     speeds = None
     if cfg.emulate_schedule:
         speeds = load_schedule(cfg.emulate_schedule, size)
+        check_emulated_rate([v for _, values in speeds.entries for v in values], cfg.emulate_rate, "--emulate-schedule")
     elif cfg.emulate_speed:
         speeds = RankSchedule.constant(cfg.emulate_speed)
     if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint

@@ -17,6 +17,7 @@ Usage (every rank calls both; only rank 0 touches the files)::
 from __future__ import annotations
 
 import glob
+import numbers
 import os
 import random
 import re
@@ -102,17 +103,53 @@ def read_checkpoint(directory: str, config: dict) -> tuple[int, dict] | None:
         return None
     update, state = found
     where = checkpoint_path(directory, update)
-    if (
-        not isinstance(state, dict)
-        or not all(isinstance(state.get(k), dict) for k in ("model", "optimizer", "balancer"))
-        or not isinstance(state.get("config", {}), dict)
-    ):
+    if not _well_formed(state):
         raise UsageError(
             f"checkpoint {show_path(where)} is not a bno-hvd checkpoint (it needs model, optimizer, balancer "
             "and config); remove it to resume from the previous one"
         )
     check_compatible(state.get("config", {}), config, where)
     return update, state
+
+
+def _well_formed(state) -> bool:
+    """The shapes save_training_state writes, checked before torch sees them (torch's own loaders
+    take a tensor for a list of parameter groups, and warn or fail in ways no user can read)."""
+    if not isinstance(state, dict) or not all(
+        isinstance(state.get(k), dict) for k in ("model", "optimizer", "balancer")
+    ):
+        return False
+    optimizer = state["optimizer"]
+    groups = optimizer.get("param_groups")
+    return (
+        isinstance(state.get("config", {}), dict)
+        and all(isinstance(v, torch.Tensor) for v in state["model"].values())
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(groups, list)
+        and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+        and _plain_data(state["balancer"])
+        and all(isinstance(state["balancer"].get(k), dict) for k in ("plan", "sampler"))
+    )
+
+
+def _plain_data(obj, limit: int = 10**6) -> bool:
+    """True when ``obj`` is JSON-like (what Balancer.state_dict writes): no tensors, no objects.
+    Iterative, so a deeply nested foreign file cannot overflow the stack."""
+    stack = [obj]
+    while stack:
+        limit -= 1
+        item = stack.pop()
+        if limit < 0:
+            return False
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return False
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif not (item is None or isinstance(item, (str, numbers.Number))):  # numpy scalars too
+            return False
+    return True
 
 
 def parameters_finite(model) -> bool:

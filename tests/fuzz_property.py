@@ -60,7 +60,9 @@ def result_or_one_line(call: Callable[[], Any]):
             result = None
         except Hang:
             raise AssertionError(f"no answer within {TIME_LIMIT:g} s (a hang)") from None
-    assert not caught, "warnings escaped: " + "; ".join(f"{w.category.__name__}: {w.message}" for w in caught)
+    assert not caught, "warnings escaped: " + "; ".join(
+        f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}" for w in caught
+    )
     return result
 
 

@@ -241,7 +241,21 @@ REFUSED = [
     ("config None", "checkpoint-dir", checkpoint(_set(["config"], None)), "not a bno-hvd checkpoint"),
     ("config tensor", "checkpoint-dir", checkpoint(_set(["config", "model"], a_tensor)), "<a Tensor>"),
     ("rng damaged", "checkpoint-dir", checkpoint(_set(["rng", 0, "numpy"], None)), "damaged RNG states"),
-    ("plan None", "checkpoint-dir", checkpoint(_set(["balancer", "plan"], None)), "does not fit this run"),
+    ("plan None", "checkpoint-dir", checkpoint(_set(["balancer", "plan"], None)), "not a bno-hvd checkpoint"),
+    ("plan lag None", "checkpoint-dir", checkpoint(_set(["balancer", "plan", "lag"], None)), "does not fit this run"),
+    ("plan a tensor", "checkpoint-dir", checkpoint(_set(["balancer", "plan"], a_tensor)), "not a bno-hvd checkpoint"),
+    (
+        "param_groups a tensor (torch warned)",
+        "checkpoint-dir",
+        checkpoint(_set(["optimizer", "param_groups"], a_tensor)),
+        "not a bno-hvd checkpoint",
+    ),
+    (
+        "strategy name with a line break",
+        "checkpoint-dir",
+        checkpoint(_set(["balancer", "strategy", "strategy"], "a\nb")),
+        'checkpoint holds strategy "a\\nb"',
+    ),
     (
         "model spec with \\r",
         "model-spec",

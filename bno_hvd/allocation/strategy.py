@@ -82,8 +82,8 @@ class Strategy:
         """Restore from :meth:`state_dict`; a checkpoint of another strategy/size is refused."""
         if state.get("strategy") != self.name or state.get("n_ranks") != self.n_ranks:
             raise UsageError(
-                f"checkpoint holds strategy {state.get('strategy')!r} for "
-                f"{state.get('n_ranks')} ranks, but this run uses '{self.name}' on "
+                f"checkpoint holds strategy {show_value(state.get('strategy'))} for "
+                f"{show_value(state.get('n_ranks'))} ranks, but this run uses '{self.name}' on "
                 f"{self.n_ranks}; resume with the same --strategy and process count"
             )
 

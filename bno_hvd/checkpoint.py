@@ -247,6 +247,8 @@ def _usable_rngs(rngs, size: int, where: str) -> list:
         for rank, state in enumerate(rngs):
             if state is not None:
                 try:
+                    if not isinstance(state, dict) or set(state) != {"torch", "numpy", "python"}:
+                        raise TypeError("not the torch/numpy/python states")  # a tensor here made torch warn
                     _set_rng_state(state)
                 except _MISFIT as err:
                     raise UsageError(

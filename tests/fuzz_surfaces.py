@@ -212,6 +212,8 @@ def build_image_tree(tree, directory: Path) -> Path:
     root.mkdir()
     for rel, kind, payload in tree:
         path = root / rel
+        if os.path.lexists(path) or not path.parent.is_dir() and os.path.lexists(path.parent):
+            continue  # two generated names met (a file where a folder was to go): keep the first
         path.parent.mkdir(parents=True, exist_ok=True)
         if kind == "dir":
             path.mkdir(exist_ok=True)
@@ -240,8 +242,8 @@ def check_image_folder(inp, result):
     assert len(data.train) >= 1 and data.num_classes == len(data.train.classes) >= 1
     assert data.input_shape == (3, inp["image_size"], inp["image_size"])
     for batch in batches:
-        if batch.error is not None:
-            assert_one_line(batch.error)
+        for line in ([batch.error] if batch.error is not None else []) + list(batch.notes):
+            assert_one_line(line)
 
 
 # CLI: train --dry-run (TrainConfig and everything prepare() checks), allocate
@@ -354,6 +356,48 @@ allocate_inputs = st.fixed_dictionaries(
     }
 )
 
+
+def run_probe_flags(inp, directory):
+    from bno_hvd.commands.allocate import check_probe_flags
+
+    check_probe_flags(**inp)
+    return True
+
+
+probe_ints = st.one_of(st.integers(-2, 70), st.sampled_from(EDGE_INTS), st.integers())
+probe_inputs = st.fixed_dictionaries(
+    {k: probe_ints for k in ("steps", "batch_size", "probe_bytes", "repeats", "threads")}
+    | {"max_rounds": st.one_of(st.none(), probe_ints)}
+)
+
+
+def run_experiment_flags(inp, directory):
+    """``bno-hvd experiment``'s own checks (TrainConfig's are train-dry-run's); --out is created."""
+    from bno_hvd.commands.experiment import check_experiment
+
+    out = directory / inp["out"]
+    if inp["out_is_file"]:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("x")
+    check_experiment(inp["updates"], inp["average_every"], inp["eval"], inp["target"], str(out))
+    return out
+
+
+def check_experiment_dir(inp, out):
+    assert out.is_dir()
+
+
+experiment_inputs = st.fixed_dictionaries(
+    {
+        "updates": st.integers(1, 10**9),
+        "average_every": st.one_of(st.integers(-2, 200), st.integers()),
+        "eval": st.booleans(),
+        "target": st.one_of(st.none(), st.floats()),
+        "out": st.one_of(fs.odd_names, st.sampled_from(["out", "a/b/c"])),
+        "out_is_file": st.booleans(),
+    }
+)
+
 LATER = "does not exist yet (a later issue adds it): add its strategy and parser call here then"
 
 SURFACES = [
@@ -383,6 +427,8 @@ SURFACES = [
     Surface("model-spec", ft.model_inputs, run_model, check_model, weight=0.2),
     Surface("image-folder", ft.image_folders, run_image_folder, check_image_folder, weight=0.3),
     Surface("train-dry-run", train_inputs, run_train_dry, weight=0.3),
+    Surface("probe-flags", probe_inputs, run_probe_flags),
+    Surface("experiment-flags", experiment_inputs, run_experiment_flags, check_experiment_dir),
     Surface("cpu-quota", None, None, todo=f"--cpu-quota 0.5,0.5,0.5,0.17 {LATER} (parsing.QUOTA is its range)"),
     Surface("cpu-quota-schedule", None, None, todo=f"a CPU quota schedule file {LATER} (parsing.load_rank_schedule)"),
     Surface("max-batch-per-rank", None, None, todo=f"--max-batch 64,64,64,16 {LATER} (today one int, in TrainConfig)"),

@@ -241,6 +241,7 @@ REFUSED = [
     ("config None", "checkpoint-dir", checkpoint(_set(["config"], None)), "not a bno-hvd checkpoint"),
     ("config tensor", "checkpoint-dir", checkpoint(_set(["config", "model"], a_tensor)), "<a Tensor>"),
     ("rng damaged", "checkpoint-dir", checkpoint(_set(["rng", 0, "numpy"], None)), "damaged RNG states"),
+    ("rng entry a tensor (torch warned)", "checkpoint-dir", checkpoint(_set(["rng", 0], a_tensor)), "damaged RNG"),
     ("plan None", "checkpoint-dir", checkpoint(_set(["balancer", "plan"], None)), "not a bno-hvd checkpoint"),
     ("plan lag None", "checkpoint-dir", checkpoint(_set(["balancer", "plan", "lag"], None)), "does not fit this run"),
     ("plan a tensor", "checkpoint-dir", checkpoint(_set(["balancer", "plan"], a_tensor)), "not a bno-hvd checkpoint"),
@@ -303,6 +304,14 @@ def test_escapes_found_with_a_valid_answer(tmp_path, fixture_modules):
     tree += [("val/a\nb/y.png", "file", ft.tiny_png())]
     data, batches = result_or_one_line(lambda: BY_NAME["image-folder"].run({"tree": tree, "image_size": 8}, tmp_path))
     assert batches[0].error is not None and "\\n" in batches[0].error and "\n" not in batches[0].error
+    # a TIFF cut after its header: PIL warned "Corrupt EXIF data" on stderr (two lines per sample);
+    # now one line in the balancer's warning channel (the read itself fails: the loader's error)
+    tree = [("train/a/x.png", "file", ft.tiny_png()), ("val/a/x.png", "file", ft.tiny_png())]
+    tree += [("val/a/y.tif", "file", b"II*\x00\x08\x00\x00\x00")]
+    (tmp_path / "tiff").mkdir()
+    run = BY_NAME["image-folder"].run
+    data, batches = result_or_one_line(lambda: run({"tree": tree, "image_size": 8}, tmp_path / "tiff"))
+    assert batches[1].error is not None and "y.tif" in batches[1].error
 
 
 # -- the same through the real CLI ---------------------------------------------------------------

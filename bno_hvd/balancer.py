@@ -305,6 +305,8 @@ class Balancer:
             raise UsageError(f"start_step() takes a batch from Balancer.loader(), got {type(batch).__name__}")
         if batch.error is not None:
             raise UsageError(batch.error, rank=self.rank)
+        for note in getattr(batch, "notes", ()):
+            self.warnings.warn(note)
         if batch.update != update:
             raise UsageError(
                 f"the loader delivered the batch of update {batch.update} while the loop is at "

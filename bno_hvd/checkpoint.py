@@ -17,6 +17,7 @@ Usage (every rank calls both; only rank 0 touches the files)::
 from __future__ import annotations
 
 import glob
+import numbers
 import os
 import random
 import re
@@ -26,6 +27,7 @@ import torch
 
 from .atomic import atomic_write, fsync_directory, is_temporary
 from .errors import TrainingError, UsageError
+from .parsing import clip, show_path, show_value
 
 _NAME = re.compile(r"ckpt-(\d{8})\.pt$")
 
@@ -52,7 +54,7 @@ def checkpoint_path(directory: str, update: int) -> str:
 def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     """``(update, path)`` of complete checkpoints, oldest first (temporary files ignored)."""
     out = []
-    for path in glob.glob(os.path.join(directory, "ckpt-*.pt")):
+    for path in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.pt")):
         m = _NAME.search(path)
         if m:
             out.append((int(m.group(1)), path))
@@ -69,7 +71,7 @@ def save_checkpoint(directory: str, update: int, state: dict, keep: int = 3) -> 
     for _, old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         os.remove(old)
     # a writer killed mid-write leaves its temporary file behind; only rank 0 writes here
-    for stale in glob.glob(os.path.join(directory, "ckpt-*.pt.tmp.*")):
+    for stale in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.pt.tmp.*")):
         if is_temporary(stale):
             os.remove(stale)
     fsync_directory(directory)
@@ -86,8 +88,68 @@ def load_latest(directory: str) -> tuple[int, dict] | None:
         return update, torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing condition
         raise UsageError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}); remove it to resume from the previous one"
+            f"checkpoint {show_path(path)} cannot be read ({type(err).__name__}); "
+            "remove it to resume from the previous one"
         ) from None
+
+
+def read_checkpoint(directory: str, config: dict) -> tuple[int, dict] | None:
+    """The newest checkpoint in ``directory`` if it can resume a run of ``config`` (a
+    ``TrainConfig.to_dict()``); None when there is none. A file that is not a bno-hvd checkpoint
+    (anything else torch can load, under a ckpt-*.pt name) or was made with other
+    :data:`STATE_FLAGS` raises :class:`UsageError`."""
+    found = load_latest(directory)
+    if found is None:
+        return None
+    update, state = found
+    where = checkpoint_path(directory, update)
+    if not _well_formed(state):
+        raise UsageError(
+            f"checkpoint {show_path(where)} is not a bno-hvd checkpoint (it needs model, optimizer, balancer "
+            "and config); remove it to resume from the previous one"
+        )
+    check_compatible(state.get("config", {}), config, where)
+    return update, state
+
+
+def _well_formed(state) -> bool:
+    """The shapes save_training_state writes, checked before torch sees them (torch's own loaders
+    take a tensor for a list of parameter groups, and warn or fail in ways no user can read)."""
+    if not isinstance(state, dict) or not all(
+        isinstance(state.get(k), dict) for k in ("model", "optimizer", "balancer")
+    ):
+        return False
+    optimizer = state["optimizer"]
+    groups = optimizer.get("param_groups")
+    return (
+        isinstance(state.get("config", {}), dict)
+        and all(isinstance(v, torch.Tensor) for v in state["model"].values())
+        and isinstance(optimizer.get("state"), dict)
+        and isinstance(groups, list)
+        and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+        and _plain_data(state["balancer"])
+        and all(isinstance(state["balancer"].get(k), dict) for k in ("plan", "sampler"))
+    )
+
+
+def _plain_data(obj, limit: int = 10**6) -> bool:
+    """True when ``obj`` is JSON-like (what Balancer.state_dict writes): no tensors, no objects.
+    Iterative, so a deeply nested foreign file cannot overflow the stack."""
+    stack = [obj]
+    while stack:
+        limit -= 1
+        item = stack.pop()
+        if limit < 0:
+            return False
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                return False
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif not (item is None or isinstance(item, (str, numbers.Number))):  # numpy scalars too
+            return False
+    return True
 
 
 def parameters_finite(model) -> bool:
@@ -133,27 +195,27 @@ def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
     :class:`UsageError` on every rank, so no rank is left waiting in a collective.
     """
     error, info, rngs = None, None, None
+    size = comm.Get_size()
     if comm.Get_rank() == 0:
         try:
-            found = load_latest(cfg.checkpoint_dir)
+            found = read_checkpoint(cfg.checkpoint_dir, cfg.to_dict())
             if found is not None:
                 update, state = found
-                where = checkpoint_path(cfg.checkpoint_dir, update)
-                check_compatible(state.get("config", {}), cfg.to_dict(), where)
+                where = show_path(checkpoint_path(cfg.checkpoint_dir, update))
                 try:
                     model.load_state_dict(state["model"])
                     optimizer.load_state_dict(state["optimizer"])
                     balancer.load_state_dict(state["balancer"])
                 except UsageError:
                     raise
-                except (KeyError, ValueError, RuntimeError) as err:
-                    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                except _MISFIT as err:  # the file's data does not have the shapes and types of this run
+                    reason = clip(str(err), 200) if str(err).strip() else type(err).__name__
                     raise UsageError(
                         f"checkpoint {where} does not fit this run ({reason}); resume with "
                         "the flags and process count it was made with"
                     ) from None
                 info = {"update": update, "balancer": state["balancer"]}
-                rngs = state.get("rng")
+                rngs = _usable_rngs(state.get("rng"), size, where)
         except UsageError as err:
             error = str(err)
     error, info = comm.bcast((error, info), root=0)
@@ -162,36 +224,74 @@ def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
     if info is None:
         return None
     if comm.Get_rank() != 0:
-        balancer.load_state_dict(info["balancer"])
-    if comm.Get_rank() == 0:
-        size = comm.Get_size()
-        if isinstance(rngs, dict):  # older checkpoints hold rank 0's states only
-            rngs = [rngs] + [None] * (size - 1)
-        if not isinstance(rngs, list) or len(rngs) != size:
-            rngs = [None] * size
+        balancer.load_state_dict(info["balancer"])  # what rank 0 loaded without an error
     mine = comm.scatter(rngs if comm.Get_rank() == 0 else None, root=0)
     if mine is not None:
         _set_rng_state(mine)
     return int(info["update"])
 
 
+# What applying another run's (or a damaged) state raises; every one means "does not fit".
+_MISFIT = (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError, OverflowError)
+
+
+def _usable_rngs(rngs, size: int, where: str) -> list:
+    """The per-rank RNG states to scatter, each tried here on rank 0 first: a damaged one would
+    otherwise fail on its own rank after the collective, and leave the others waiting."""
+    if isinstance(rngs, dict):  # older checkpoints hold rank 0's states only
+        rngs = [rngs] + [None] * (size - 1)
+    if not isinstance(rngs, list) or len(rngs) != size:
+        return [None] * size
+    current = _rng_state()
+    try:
+        for rank, state in enumerate(rngs):
+            if state is not None:
+                try:
+                    if not isinstance(state, dict) or set(state) != {"torch", "numpy", "python"}:
+                        raise TypeError("not the torch/numpy/python states")  # a tensor here made torch warn
+                    _set_rng_state(state)
+                except _MISFIT as err:
+                    raise UsageError(
+                        f"checkpoint {where} holds damaged RNG states for rank {rank} ({type(err).__name__}); "
+                        "remove it to resume from the previous one"
+                    ) from None
+    finally:
+        _set_rng_state(current)
+    return rngs
+
+
 def check_compatible(saved: dict, current: dict, where: str) -> None:
-    """Raise :class:`UsageError` when a flag in :data:`STATE_FLAGS` differs from the checkpoint's."""
+    """Raise :class:`UsageError` when a flag in :data:`STATE_FLAGS` differs from the checkpoint's.
+
+    ``saved`` comes out of a file: a value that is not plain data (a tensor, an array, an object
+    of another program) never equals the run's, and is shown by its type, never compared.
+    """
     for key in STATE_FLAGS:
-        if key in saved and _norm(saved[key]) != _norm(current.get(key)):
+        if key in saved and _plain(saved[key]) != _plain(current.get(key)):
             flag = "--" + key.replace("_", "-")
             raise UsageError(
-                f"checkpoint {where} was made with {flag} {_show(saved[key])} but this run has "
+                f"checkpoint {show_path(where)} was made with {flag} {_show(saved[key])} but this run has "
                 f"{flag} {_show(current.get(key))}; resume with the same value or use another --checkpoint-dir"
             )
 
 
-def _norm(value):
-    return list(value) if isinstance(value, (list, tuple)) else value
+_NOT_PLAIN = object()  # equals only itself: a saved value that is not plain data never matches
+
+
+def _plain(value):
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)) and all(x is None or isinstance(x, (str, int, float)) for x in value):
+        return list(value)
+    return _NOT_PLAIN
 
 
 def _show(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    if isinstance(_plain(value), list):
+        return show_value(",".join(map(str, value)), 60).strip('"')
+    if _plain(value) is _NOT_PLAIN:
+        return f"<a {type(value).__name__}>"
+    return show_value(value, 60).strip('"')
 
 
 def _rng_state() -> dict:

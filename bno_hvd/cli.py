@@ -14,6 +14,7 @@ import click
 
 from .commands import allocate, bench, console, docs, experiment, hostfile, train
 from .errors import TrainingError, UsageError
+from .parsing import clip
 from .world import launched_rank
 
 
@@ -43,8 +44,8 @@ class Group(click.Group):
             sys.exit(err.exit_code)
         except click.Abort:
             fail("aborted", 130)
-        except click.ClickException as err:
-            fail(err.format_message().replace("\n", " "), err.exit_code)
+        except click.ClickException as err:  # click repeats the user's value whole: one short line
+            fail(clip(err.format_message()), err.exit_code)
 
 
 @click.group(cls=Group)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from .catalog import SYNTHETIC_SIZE
 from .control.monitor import LATENCY_INTERVAL, PROBE_BYTES
+from .emulation import check_emulated_rate
 from .errors import UsageError
 from .faults import parse_faults
-from .parsing import CAP, check_per_rank
+from .parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,12 @@ class TrainConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
         _at_most("--base-batch-size", self.base_batch_size, CAP.high)
         _at_most("--threads", self.threads, 256)
-        _at_most("--image-size", self.image_size, 4096)
-        _at_most("--num-workers", self.num_workers, 64)
+        _at_most("--image-size", self.image_size, IMAGE_SIDE.high)
+        _at_most("--num-workers", self.num_workers, 64, low=0)
+        _at_most("--prefetch-factor", self.prefetch_factor, 64)
+        # counts of updates: beyond 1e9 nothing runs to the end (and numpy's int64 is not far)
+        for flag, value in (("--updates", self.updates), ("--rebalance-every", self.rebalance_every)):
+            _at_most(flag, value, UPDATE.high)
         if self.num_workers < 0:
             raise UsageError(f"--num-workers must be >= 0 (0: load in the training process), got {self.num_workers}")
         if self.allocation_lag is not None and self.allocation_lag < 1:
@@ -103,8 +108,12 @@ class TrainConfig:
                 f"--prefetch-factor {self.prefetch_factor} reads {depth} batches ahead, so allocations need "
                 f"a lag of at least {depth + 1}; raise it or leave it unset"
             )
+        if self.allocation_lag is not None:
+            _at_most("--allocation-lag", self.allocation_lag, UPDATE.high)
         if self.num_classes is not None and not 1 <= self.num_classes <= 1_000_000:
             raise UsageError(f"--num-classes must be between 1 and 1000000, got {self.num_classes}")
+        if not SEED.contains(self.seed):
+            raise UsageError(f"--seed must be an integer {SEED.describe()}, got {show_value(self.seed)}")
         if not self.lr > 0 or self.lr == math.inf:
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.momentum < math.inf:
@@ -115,6 +124,8 @@ class TrainConfig:
             raise UsageError(
                 f"--emulate-rate must be a positive number of samples/s between 0.1 and 1e7, got {self.emulate_rate}"
             )
+        if self.emulate_speed is not None:
+            check_emulated_rate(self.emulate_speed, self.emulate_rate)
         for flag, value, choices in (
             ("--device", self.device, ("auto", "cpu", "cuda")),
             ("--collectives", self.collectives, ("mpi", "gloo")),
@@ -130,6 +141,8 @@ class TrainConfig:
             raise UsageError(f"--global-batch must be a positive integer, got {self.global_batch}")
         if self.max_batch is not None and any(not 1 <= c <= CAP.high for c in self.max_batch):
             raise UsageError(f"--max-batch caps must be integers {CAP.describe()}, got {_show(self.max_batch)}")
+        if self.global_batch is not None:
+            _at_most("--global-batch", self.global_batch, RANKS.high * BATCH.high)
         if self.checkpoint_every < 0:
             raise UsageError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.checkpoint_every and not self.checkpoint_dir:
@@ -140,8 +153,12 @@ class TrainConfig:
             raise UsageError(f"--eval-every must be >= 0 (0: evaluate only at the end), got {self.eval_every}")
         if self.eval_every and not self.eval:
             raise UsageError("--eval-every needs the test split; drop --no-eval")
-        if not 0 <= self.latency_interval <= 86400:
-            raise UsageError("--latency-interval must be >= 0 (0 turns latency probing off) and at most 86400 s")
+        if not (self.latency_interval == 0 or 0.01 <= self.latency_interval <= 86400):
+            # below 10 ms the probe thread would ping-pong without pause and starve training
+            raise UsageError(
+                "--latency-interval must be >= 0: 0 turns latency probing off, else between 0.01 and 86400 s; "
+                f"got {self.latency_interval:g}"
+            )
         if not self.probe_bytes >= 8:
             raise UsageError(f"probe_bytes must be >= 8, got {self.probe_bytes}")
         if self.cpu_quota is not None and self.cpu_quota_schedule is not None:
@@ -204,6 +221,6 @@ def _show(values) -> str:
     return ",".join(map(str, values))
 
 
-def _at_most(flag: str, value: int, high: float) -> None:
+def _at_most(flag: str, value: int, high: float, low: int = 1) -> None:
     if value > high:
-        raise UsageError(f"{flag} must be at most {high:g}, got {value}")
+        raise UsageError(f"{flag} must be between {low} and {high}, got {show_value(value)}")

@@ -37,6 +37,7 @@ from torch.utils.data import Dataset, TensorDataset
 from bno_hvd.atomic import atomic_write
 from bno_hvd.catalog import DATASET_NAMES, SYNTHETIC_SIZE
 from bno_hvd.errors import UsageError
+from bno_hvd.parsing import IMAGE_SIDE, clip, show_path
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 SPLITS = ("train", "test")
@@ -287,13 +288,16 @@ def _image_folders(data_dir: str | None, image_size: int, with_test: bool) -> Da
             "--dataset imagefolder needs --data-dir DIR with DIR/train/<class>/<images> "
             "(and DIR/val/<class>/<images> for the test accuracy)"
         )
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or not IMAGE_SIDE.contains(image_size):
+        raise UsageError(f"--image-size must be an integer {IMAGE_SIDE.describe()} (pixels), got {image_size!r}")
     root = os.path.expanduser(data_dir)
     train = _image_folder(os.path.join(root, "train"), image_transforms(image_size, True))
     test = _image_folder(os.path.join(root, "val"), image_transforms(image_size, False)) if with_test else None
     if test is not None and test.classes != train.classes:
         extra = sorted(set(test.classes) ^ set(train.classes))[:5]
         raise UsageError(
-            f"imagefolder {root}: train/ and val/ have different class folders ({extra}); give both the same classes"
+            f"imagefolder {show_path(root)}: train/ and val/ have different class folders ({extra}); "
+            "give both the same classes"
         )
     return Datasets(train, test, (3, image_size, image_size), len(train.classes))
 
@@ -302,11 +306,44 @@ def _image_folder(path: str, transform):
     from torchvision.datasets import ImageFolder
 
     if not os.path.isdir(path):
-        raise UsageError(f"imagefolder: {path} is not a directory; put one sub-folder of images per class there")
+        raise UsageError(
+            f"imagefolder: {show_path(path)} is not a directory; put one sub-folder of images per class there"
+        )
+    _refuse_symlink_loops(path)
     try:
         return ImageFolder(path, transform=transform)
     except FileNotFoundError as err:  # no class folders, or no image files in them
         raise UsageError(
-            f"imagefolder {path}: {str(err).splitlines()[0]}; put one sub-folder of images "
+            f"imagefolder {show_path(path)}: {clip(str(err), 300)}; put one sub-folder of images "
             "(.jpg, .png, ...) per class there"
         ) from None
+
+
+def _refuse_symlink_loops(root: str) -> None:
+    """ImageFolder follows symlinks: one to a parent directory makes it walk for ever (two of them,
+    exponentially). Walk the directories first (not the files: no stat per image) and refuse a loop."""
+    stack = [(root, frozenset([_identity(root)]))]
+    while stack:
+        directory, ancestors = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue  # ImageFolder skips what it cannot list, too
+        for entry in entries:
+            try:
+                if not entry.is_dir():  # follows a symlink; no stat for a plain file
+                    continue
+                identity = _identity(entry.path)
+            except OSError:
+                continue
+            if identity in ancestors:
+                raise UsageError(
+                    f"imagefolder {show_path(root)}: {show_path(entry.path)} links back to a directory above it "
+                    "(a loop); remove that symlink"
+                )
+            stack.append((entry.path, ancestors | {identity}))
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino

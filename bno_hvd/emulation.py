@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .errors import UsageError
 from .hooks import Hook
 from .parsing import SPEED, RankSchedule, load_rank_schedule, parse_float_list
 
@@ -26,6 +27,22 @@ from .parsing import SPEED, RankSchedule, load_rank_schedule, parse_float_list
 def parse_speeds(text: str, n_ranks: int | None = None) -> list[float]:
     """``"1,1,1,0.33"`` -> one relative speed per rank, each within :data:`bno_hvd.parsing.SPEED`."""
     return parse_float_list(text, "--emulate-speed", SPEED, n_ranks)
+
+
+# The slowest emulated device must still compute a sample in 10 s: speed x rate >= 0.1 samples/s.
+# (--emulate-speed 0.01 at --emulate-rate 0.1 would take 17 minutes per sample, a run that never ends.)
+MIN_EMULATED_RATE = 0.1
+
+
+def check_emulated_rate(speeds, rate: float, flag: str = "--emulate-speed") -> None:
+    """Raise :class:`UsageError` when ``min(speeds) * rate`` is below :data:`MIN_EMULATED_RATE` samples/s."""
+    slowest = min(speeds)
+    if slowest * rate < MIN_EMULATED_RATE:
+        raise UsageError(
+            f"{flag} speed {slowest:g} at --emulate-rate {rate:g} emulates {slowest * rate:g} samples/s "
+            f"({1 / (slowest * rate):g} s per sample); speed x rate must be >= {MIN_EMULATED_RATE:g} samples/s, "
+            "raise --emulate-rate"
+        )
 
 
 def load_schedule(path: str, n_ranks: int) -> RankSchedule:

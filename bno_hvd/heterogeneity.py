@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cpuquota import load_quota_schedule, period_for
-from .emulation import load_schedule
+from .emulation import check_emulated_rate, load_schedule
 from .parsing import RankSchedule
 
 NONE = "no emulation: real ranks of this machine"
@@ -48,6 +48,7 @@ def from_config(cfg, n_ranks: int) -> Heterogeneity:
     speeds = quotas = period = None
     if cfg.emulate_schedule:
         speeds = load_schedule(cfg.emulate_schedule, n_ranks)
+        check_emulated_rate([v for _, values in speeds.entries for v in values], cfg.emulate_rate, "--emulate-schedule")
     elif cfg.emulate_speed:
         speeds = RankSchedule.constant(cfg.emulate_speed)
     if cfg.cpu_quota_schedule:

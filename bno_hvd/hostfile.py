@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 from bno_hvd.atomic import write_text_atomic
 from bno_hvd.errors import UsageError
-from bno_hvd.parsing import SLOTS
+from bno_hvd.parsing import SLOTS, show_path
 
 _SLOTS = re.compile(r"slots=(\S*)")
 # horovodrun joins hosts as "name:slots,name:slots", so these characters cannot be in a name.
 _FORBIDDEN_IN_NAME = (":", ",", "=")
+MAX_NAME = 253  # characters of a DNS name
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,13 @@ def parse_hostfile(path) -> list[HostSlots]:
     bad ``slots=N`` (N must be a positive integer), extra tokens, a duplicate host, or no hosts.
     """
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
+    try:  # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first hostname
+        with open(path, encoding="utf-8-sig") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise UsageError(
-            f"hostfile {path}: cannot read it ({reason}); give a text file of 'hostname slots=N' lines"
+            f"hostfile {show_path(path)}: cannot read it ({reason}); give a text file of 'hostname slots=N' lines"
         ) from None
 
     hosts: list[HostSlots] = []
@@ -65,7 +66,7 @@ def parse_hostfile(path) -> list[HostSlots]:
         tokens = line.split("#", 1)[0].split()
         if not tokens:
             continue
-        where = f"hostfile {path} line {number}"
+        where = f"hostfile {show_path(path)} line {number}"
         host = _parse_line(tokens, where)
         if host.hostname in first_line:
             raise UsageError(
@@ -75,12 +76,17 @@ def parse_hostfile(path) -> list[HostSlots]:
         first_line[host.hostname] = number
         hosts.append(host)
     if not hosts:
-        raise UsageError(f"hostfile {path}: no hosts in it; add lines like 'localhost slots=4'")
+        raise UsageError(f"hostfile {show_path(path)}: no hosts in it; add lines like 'localhost slots=4'")
     return hosts
 
 
 def _parse_line(tokens: list[str], where: str) -> HostSlots:
     name = tokens[0]
+    if not name.isprintable() or len(name) > MAX_NAME:
+        raise UsageError(
+            f"{where}: hostname {name[:40]!r}{'...' if len(name) > 40 else ''} is not a host name "
+            f"(at most {MAX_NAME} printable characters); use a plain hostname or IPv4 address"
+        )
     if name.startswith("slots="):
         raise UsageError(f"{where}: line starts with {name!r}; write the hostname first, as 'hostname {name}'")
     if ":" in name and len(tokens) == 1 and name.rsplit(":", 1)[1].isdigit():

@@ -25,6 +25,7 @@ The lag agreement: every rank's prefetch depth P is gathered, and allocations ta
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from .errors import UsageError
+from .parsing import show_path
 
 # DataLoader arguments that decide batching and order: those belong to the balancer.
 OWNED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
@@ -48,9 +50,10 @@ class Batch:
     size: int
     data: Any = None  # the collated samples (what collate_fn made)
     error: str | None = None  # set instead of data when a sample could not be read
+    notes: tuple = ()  # one line per warning raised while reading (the balancer's warning channel)
 
     def pin_memory(self, device=None) -> Batch:  # called by the DataLoader's pin-memory thread
-        return Batch(self.update, self.size, None if self.data is None else _pin(self.data), self.error)
+        return Batch(self.update, self.size, None if self.data is None else _pin(self.data), self.error, self.notes)
 
 
 def prefetch_depth(num_workers: int, prefetch_factor: int | None) -> int:
@@ -107,9 +110,18 @@ class KeyedDataset(Dataset):
             if self.fast_tensors:  # an in-memory dataset: one gather per tensor, no per-sample calls
                 idx = torch.as_tensor([k[2] for k in keys])
                 return _Fetched(update, len(keys), collated=tuple(t[idx] for t in self.dataset.tensors))
-            return _Fetched(update, len(keys), samples=self._read(keys))
+            # A decoder's warning (PIL: "Corrupt EXIF data") would reach stderr as two lines per
+            # sample on every rank: it goes to the balancer's warning channel instead, as one line.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                samples = self._read(keys)
+            return _Fetched(update, len(keys), samples=samples, notes=self._notes(caught))
         except Exception as err:  # noqa: BLE001 - reported as one line by the rank that reads it
             return _Fetched(update, len(keys), error=self._describe(err))
+
+    def _notes(self, caught) -> tuple:
+        seen = {f"{w.category.__name__}: {' '.join(str(w.message).split())[:200]}" for w in caught}
+        return tuple(f"reading {type(self.dataset).__name__} samples: {note}" for note in sorted(seen))
 
     def _read(self, keys) -> list:
         if not self.seed_samples:
@@ -141,7 +153,7 @@ class KeyedDataset(Dataset):
         where = f"sample {index}" if index is not None else "a sample"
         files = getattr(self.dataset, "samples", None)
         if index is not None and isinstance(files, list) and index < len(files):
-            where += f" ({files[index][0]})"
+            where += f" ({show_path(files[index][0])})"
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         return (
             f"cannot read {where} of {type(self.dataset).__name__}: {type(err).__name__}"
@@ -157,6 +169,7 @@ class _Fetched:
     samples: list | None = None
     collated: Any = None
     error: str | None = None
+    notes: tuple = ()
 
 
 class CollateToBatch:
@@ -171,7 +184,7 @@ class CollateToBatch:
         if fetched.collated is not None:
             return Batch(fetched.update, fetched.size, fetched.collated)
         try:
-            return Batch(fetched.update, fetched.size, self.collate_fn(fetched.samples))
+            return Batch(fetched.update, fetched.size, self.collate_fn(fetched.samples), notes=fetched.notes)
         except Exception as err:  # noqa: BLE001
             return Batch(
                 fetched.update,

@@ -47,6 +47,7 @@ from torch import nn
 
 from bno_hvd.catalog import MODEL_NAMES
 from bno_hvd.errors import UsageError
+from bno_hvd.parsing import clip, show_quoted, show_text
 
 # Input side each built-in torchvision model needs for 28x28 images (what the probe finds).
 TORCHVISION_INPUT_SIDE = {"alexnet": 63, "resnet50": 33, "vgg16": 32}
@@ -113,7 +114,7 @@ def build_model(spec: str, num_classes: int = 10, input_shape: tuple[int, int, i
         return net if tuple(input_shape) == MNIST_SHAPE else InputAdapter(net, 28, channels=1)
     if spec not in torchvision_models():
         raise UsageError(
-            f"--model {spec!r} is not one of {', '.join(MODEL_NAMES)}, a torchvision classification "
+            f"--model {show_quoted(spec)} is not one of {', '.join(MODEL_NAMES)}, a torchvision classification "
             "model (e.g. resnet18) or package.module:function"
         )
     net = _torchvision(spec, num_classes)
@@ -174,18 +175,19 @@ def _torchvision(name: str, num_classes: int) -> nn.Module:
 
 def _user_model(spec: str, num_classes: int) -> nn.Module:
     module_name, _, attr = spec.partition(":")
+    shown = show_text(spec)  # a spec may hold anything a shell can pass, line breaks included
     if not module_name or not attr or not module_name.replace(".", "").replace("_", "").isalnum():
-        raise UsageError(f"--model {spec!r}: write package.module:function")
+        raise UsageError(f"--model {shown}: write package.module:function")
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 - an import can fail in any way
         raise UsageError(
-            f"--model {spec}: cannot import {module_name} ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); is it on PYTHONPATH?"
+            f"--model {shown}: cannot import {module_name} ({type(err).__name__}: "
+            f"{clip(str(err), 200)}); is it on PYTHONPATH?"
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise UsageError(f"--model {spec}: {module_name} has no function {attr!r}")
+        raise UsageError(f"--model {shown}: {module_name} has no function {show_text(attr)}")
     try:
         takes_classes = "num_classes" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -193,7 +195,7 @@ def _user_model(spec: str, num_classes: int) -> nn.Module:
     try:
         net = fn(num_classes=num_classes) if takes_classes else fn()
     except Exception as err:  # noqa: BLE001
-        raise UsageError(f"--model {spec}: calling it failed ({type(err).__name__}: {str(err)[:200]})") from None
+        raise UsageError(f"--model {shown}: calling it failed ({type(err).__name__}: {clip(str(err), 200)})") from None
     if not isinstance(net, nn.Module):
-        raise UsageError(f"--model {spec} returned {type(net).__name__}, not a torch.nn.Module")
+        raise UsageError(f"--model {shown} returned {type(net).__name__}, not a torch.nn.Module")
     return net

@@ -53,6 +53,13 @@ def test_fit_affine_single_batch_size_goes_through_origin():
     assert fit_affine([(32, 0.64), (32, 0.66)]) == (0.0, pytest.approx(0.65 / 32))
 
 
+def test_fit_affine_unresolvable_slope_falls_back_to_origin():
+    # found by tests/test_fuzz_inputs.py: c ~ 1e-22 next to a = 1e-6 made solve_equal_finish's
+    # bisection run out of float64 resolution, and its assertion ended `bno-hvd allocate`
+    a, c = fit_affine([(1, 1e-6), (3, 1.0000000000000002e-6)])
+    assert a == 0.0 and c == pytest.approx(4e-7)
+
+
 def test_fit_affine_noise_with_negative_slope_falls_back_to_origin():
     a, c = fit_affine([(10, 0.5), (20, 0.4)])
     assert a == 0.0 and c == pytest.approx((10 * 0.5 + 20 * 0.4) / (100 + 400))

@@ -94,7 +94,7 @@ CLI_CASES = [
     ("bad fault spec", ["--inject-fault", "explode:1:2"], ["--inject-fault entry 'explode:1:2'"]),
     ("model module missing", ["--model", "no_such_package.models:net"], ["--model", "cannot import no_such_package"]),
     ("model not a module", ["--model", "tests.user_model:not_a_module"], ["returned str, not a torch.nn.Module"]),
-    ("model function missing", ["--model", "tests.user_model:nothing"], ["has no function 'nothing'"]),
+    ("model function missing", ["--model", "tests.user_model:nothing"], ["has no function nothing"]),
     ("negative workers", ["--num-workers", "-1"], ["--num-workers must be >= 0"]),
     ("zero prefetch", ["--num-workers", "2", "--prefetch-factor", "0"], ["--prefetch-factor must be a positive"]),
     (

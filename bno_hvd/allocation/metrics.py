@@ -3,6 +3,13 @@
 Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (measured round
 trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples.
 
+Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.parsing`): ops 0, or 1e-3
+to 1e9 samples/s (a non-zero rate below that is noise, and its reciprocal overflows); memory 0 to
+1e18 bytes; latency 0 to 60 s per round trip; compute samples of 1 to 1e6 samples in 1e-6 to
+86400 s, at no more than 1e9 samples/s; caps 1 to 1e6 samples. A number outside them is not a
+measurement (a file of 1e308 once passed, and every strategy computed an allocation from
+infinities while numpy printed overflow warnings).
+
 ``validate()`` is the strict boundary check (used for metrics files and by the CLI). Strategies
 never call it at run time: they must survive a rank with missing numbers, see :func:`usable_ranks`.
 
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
+from ..parsing import BATCH, CAP, LATENCY, MEMORY, OPS, STEP_SECONDS, Range, as_float, show_value
 
 SYMMETRY_RTOL = 0.5
 SYMMETRY_ATOL = 1e-3  # seconds
@@ -60,7 +68,7 @@ class ClusterMetrics:
 
     def ops_array(self) -> np.ndarray:
         """``ops`` as float64 with NaN where a rank has no measurement."""
-        return np.array([np.nan if x is None else float(x) for x in self.ops], dtype=float)
+        return np.array([np.nan if x is None else as_float(x) for x in self.ops], dtype=float)
 
     def latency_array(self) -> np.ndarray:
         """``latency`` as an NxN float64 array (no copy when it already is one)."""
@@ -83,21 +91,32 @@ class ClusterMetrics:
                 raise UsageError(f"metrics: '{name}' has {got} entries but 'ops' has {n}; give one per rank")
         ops = self.ops_array()
         for i, x in enumerate(self.ops):
-            if x is not None and not math.isfinite(float(x)):
+            if x is not None and not math.isfinite(as_float(x)):
                 raise UsageError(f"metrics: ops[{i}] is {x}; use a finite number or null (not measured)")
         _check_non_negative("ops", np.nan_to_num(ops, nan=0.0))
-        memory = np.asarray(self.memory_used, dtype=float)
+        _check_range("ops", np.nan_to_num(ops, nan=OPS.low), OPS, zero_ok=True)
+        memory = np.array([as_float(x) for x in self.memory_used], dtype=float)
         _check_finite("memory_used", memory)
         _check_non_negative("memory_used", memory)
+        _check_range("memory_used", memory, MEMORY)
         _validate_latency(self.latency_array(), n)
         for i, cap in enumerate(self.max_batch):
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-                raise UsageError(f"metrics: max_batch[{i}] is {cap!r}; use an integer >= 1 or null (no cap)")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not CAP.contains(cap)):
+                raise UsageError(
+                    f"metrics: max_batch[{i}] is {show_value(cap)}; use an integer {CAP.describe()} or null (no cap)"
+                )
         for i, pairs in enumerate(self.compute_samples):
             for k, (b, t) in enumerate(pairs):
-                if int(b) != b or b < 1 or not math.isfinite(t) or t < 0:
+                b, t = as_float(b), as_float(t)
+                if not (BATCH.contains(b) and b == int(b) and STEP_SECONDS.contains(t)):
                     raise UsageError(
-                        f"metrics: compute_samples[{i}][{k}] is ({b}, {t}); use (batch_size >= 1, seconds >= 0)"
+                        f"metrics: compute_samples[{i}][{k}] is ({show_value(b)}, {show_value(t)}); use "
+                        f"(batch_size {BATCH.describe()}, seconds {STEP_SECONDS.describe()})"
+                    )
+                if b / t > OPS.high:
+                    raise UsageError(
+                        f"metrics: compute_samples[{i}][{k}] is ({b:g}, {t:g}): {b / t:g} samples/s; "
+                        f"a rank computes at most {OPS.high:g} samples/s"
                     )
 
 
@@ -119,6 +138,7 @@ def _validate_latency(lat: np.ndarray, n: int) -> None:
         raise UsageError(f"metrics: 'latency' has shape {lat.shape} but there are {n} ranks; give a {n}x{n} matrix")
     _check_finite("latency", lat)
     _check_non_negative("latency", lat)
+    _check_range("latency", lat, LATENCY)
     diag = np.flatnonzero(np.diagonal(lat) != 0)
     if diag.size:
         i = int(diag[0])
@@ -177,3 +197,13 @@ def _check_non_negative(name: str, arr: np.ndarray) -> None:
     if bad.size:
         k = int(bad[0])
         raise UsageError(f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]}; values must be >= 0")
+
+
+def _check_range(name: str, arr: np.ndarray, bounds: Range, zero_ok: bool = False) -> None:
+    bad = np.flatnonzero(((arr < bounds.low) & ~((arr == 0) & zero_ok)) | (arr > bounds.high))
+    if bad.size:
+        k = int(bad[0])
+        raise UsageError(
+            f"metrics: {name}{_index(k, arr.shape)} is {arr.flat[k]:g}; use {bounds.what} {bounds.describe()}"
+            + (" (or 0)" if zero_ok else "")
+        )

@@ -9,20 +9,24 @@ Format (one entry per rank, index = rank)::
      "max_batch": [null, 64, null],         # optional: per-rank batch cap
      "compute_samples": [[[32, 0.21]], ...]} # optional: per-rank (batch, seconds) pairs
 
-Every problem becomes one :class:`UsageError` line that names the file and the field. NaN and
-Infinity (which Python's json accepts) are rejected by :meth:`ClusterMetrics.validate`. The
-latency matrix is returned as an NxN float64 numpy array so a 4096-rank file stays cheap.
+Every problem becomes one :class:`UsageError` line that names the file and the field. The file
+is read by :func:`bno_hvd.parsing.read_json` (binary, deeply nested or huge files are refused
+there); numbers are checked against the physical ranges of :mod:`bno_hvd.parsing` (``OPS``,
+``MEMORY``, ``LATENCY``, ``CAP``, ``BATCH``, ``STEP_SECONDS``) by :meth:`ClusterMetrics.validate`,
+so no strategy ever computes with infinities. NaN and Infinity (which Python's json accepts) are
+refused there too. The latency matrix is returned as an NxN float64 numpy array so a 4096-rank
+file stays cheap.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 
 import numpy as np
 
 from ..errors import UsageError
+from ..parsing import as_float, read_json, show_path, show_value
 from .metrics import ClusterMetrics
 
 REQUIRED = ("ops", "memory_used", "latency")
@@ -37,21 +41,11 @@ def load_metrics_file(path) -> ClusterMetrics:
         metrics = load_metrics_file("metrics.json")
         sizes = bno_batch_sizes(metrics.ops, metrics.memory_used, metrics.latency, 32)
     """
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read metrics file {path}: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UsageError(
-            f"metrics file {path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
+    data = read_json(path, "metrics file")
     try:
         return _parse(data)
     except UsageError as err:
-        raise UsageError(f"{path}: {err}") from None
+        raise UsageError(f"{show_path(path)}: {err}") from None
 
 
 def metrics_to_json(metrics: ClusterMetrics) -> dict:
@@ -76,7 +70,7 @@ def _parse(data) -> ClusterMetrics:
             raise UsageError(f"metrics file lacks '{key}'; required keys: {', '.join(REQUIRED)}")
     unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
-        raise UsageError(f"unknown key '{unknown[0]}' in metrics file; allowed: {', '.join(REQUIRED + OPTIONAL)}")
+        raise UsageError(f"unknown key {unknown[0][:40]!r} in metrics file; allowed: {', '.join(REQUIRED + OPTIONAL)}")
     ops = _numbers("ops", data["ops"], allow_null=True)
     n = len(ops)
     if n == 0:
@@ -101,13 +95,15 @@ def _is_number(x) -> bool:
 
 
 def _numbers(name: str, value, allow_null: bool) -> list:
+    """The list ``value`` as floats (None kept where ``allow_null``); integers too large for a
+    float become inf, which validate() then refuses by name."""
     if not isinstance(value, list):
         raise UsageError(f"'{name}' must be a JSON list with one number per rank")
     for i, x in enumerate(value):
         if not (_is_number(x) or (allow_null and x is None)):
             what = "a number or null" if allow_null else "a number"
-            raise UsageError(f"{name}[{i}] is {json.dumps(x)}; use {what}")
-    return value
+            raise UsageError(f"{name}[{i}] is {show_value(x)}; use {what}")
+    return [None if x is None else as_float(x) for x in value]
 
 
 def _expect_len(name: str, value: list, n: int) -> None:
@@ -115,9 +111,9 @@ def _expect_len(name: str, value: list, n: int) -> None:
         raise UsageError(f"'{name}' has {len(value)} entries but 'ops' has {n}; give one per rank")
 
 
-def _int(name: str, x) -> int:
-    if int(x) != x:
-        raise UsageError(f"{name} is {x}; use an integer")
+def _int(name: str, x: float) -> int:
+    if not math.isfinite(x) or int(x) != x:
+        raise UsageError(f"{name} is {show_value(x)}; use an integer")
     return int(x)
 
 
@@ -126,20 +122,25 @@ def _sparse_matrix(value: dict, n: int) -> np.ndarray:
     measured get the median of those measured; i->j and j->i are averaged."""
     if set(value) != {"pairs"} or not isinstance(value["pairs"], list) or not value["pairs"]:
         raise UsageError("sparse 'latency' must be {\"pairs\": [[i, j, seconds], ...]} with at least one pair")
-    arr = np.array(value["pairs"], dtype=object)
-    if arr.ndim != 2 or arr.shape[1] != 3:
-        raise UsageError("latency pairs must each be [i, j, seconds]")
-    try:
-        idx = arr[:, :2].astype(np.int64)
-        sec = arr[:, 2].astype(float)
-    except (TypeError, ValueError):
-        raise UsageError("latency pairs must each be [i, j, seconds] with integer ranks and a number") from None
+    pairs = value["pairs"]
+    for k, p in enumerate(pairs):
+        if not (isinstance(p, list) and len(p) == 3 and all(_is_number(x) for x in p)):
+            raise UsageError(f"latency pairs[{k}] is {show_value(p)}; each pair must be [i, j, seconds]")
+        if not all(isinstance(r, int) for r in p[:2]):
+            raise UsageError(
+                f"latency pairs[{k}] names rank {show_value(p[0])} or {show_value(p[1])}; ranks are integers"
+            )
+        if not all(0 <= r < n for r in p[:2]):
+            raise UsageError(f"latency pairs name a rank outside 0..{n - 1}")
+    idx = np.array([p[:2] for p in pairs], dtype=np.int64)
+    sec = np.array([as_float(p[2]) for p in pairs], dtype=float)
     if (idx < 0).any() or (idx >= n).any():
         raise UsageError(f"latency pairs name a rank outside 0..{n - 1}")
     if (idx[:, 0] == idx[:, 1]).any():
         raise UsageError("latency pairs must not pair a rank with itself (NL_ii is 0)")
     if not np.isfinite(sec).all() or (sec < 0).any():
         raise UsageError("latency pairs must have finite, non-negative seconds")
+    # (their upper bound, LATENCY, is checked on the completed matrix by validate())
     # Symmetric completion on the pairs alone (the dense NxN matrix is written only once):
     # both directions measured -> their mean; one -> that value; none -> the median pair.
     lo, hi = idx.min(axis=1), idx.max(axis=1)
@@ -163,13 +164,24 @@ def _matrix(value, n: int) -> np.ndarray:
         if not isinstance(row, list) or len(row) != n:
             got = len(row) if isinstance(row, list) else type(row).__name__
             raise UsageError(f"latency row {i} has {got} entries; latency must be square ({n}x{n})")
-    arr = np.array(value)
-    if arr.dtype.kind not in "iuf":
-        # Rare path: find the offending entry by a Python scan to name it.
+    # Fast path (a 4096-rank matrix is 16.8M numbers): numpy converts when every entry is a
+    # number; anything else (text, null, a list, an integer too large for int64) gives an object
+    # array or an error, and a Python scan then names the entry.
+    try:
+        arr = np.array(value)
+    except (ValueError, OverflowError):
+        arr = np.array([], dtype=object)
+    if arr.dtype.kind not in "iuf" or arr.shape != (n, n):
         for i, row in enumerate(value):
             for j, x in enumerate(row):
                 if not _is_number(x):
-                    raise UsageError(f"latency[{i}][{j}] is {json.dumps(x)}; use a number of seconds")
+                    raise UsageError(f"latency[{i}][{j}] is {show_value(x)}; use a number of seconds")
+        arr = np.array([[as_float(x) for x in row] for row in value], dtype=float)
+    else:  # numpy reads true/false as 1/0 next to numbers: refuse them as the slow path would
+        for i, row in enumerate(value):
+            j = next((j for j, x in enumerate(row) if x.__class__ is bool), None)
+            if j is not None:
+                raise UsageError(f"latency[{i}][{j}] is {show_value(row[j])}; use a number of seconds")
     return arr.astype(float, copy=False)
 
 
@@ -182,6 +194,6 @@ def _samples(value, n: int) -> list:
             raise UsageError(f"compute_samples[{i}] must be a list of [batch, seconds] pairs")
         for k, p in enumerate(pairs):
             if not (isinstance(p, list) and len(p) == 2 and _is_number(p[0]) and _is_number(p[1])):
-                raise UsageError(f"compute_samples[{i}][{k}] is {json.dumps(p)}; use [batch, seconds]")
-        out.append([(p[0], float(p[1])) for p in pairs])
+                raise UsageError(f"compute_samples[{i}][{k}] is {show_value(p)}; use [batch, seconds]")
+        out.append([(as_float(p[0]), as_float(p[1])) for p in pairs])
     return out

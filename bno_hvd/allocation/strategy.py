@@ -15,6 +15,7 @@ import numbers
 from typing import Any
 
 from ..errors import UsageError
+from ..parsing import BATCH, RANKS, SEED, show_value
 from .metrics import ClusterMetrics
 from .rounding import round_to_total
 
@@ -38,16 +39,17 @@ class Strategy:
     def __init__(
         self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None, seed: int = 0, **options
     ):
-        _check_int("number of ranks", n_ranks, 1)
-        _check_int("base batch size (--base-batch-size)", base_batch_size, 1)
+        _check_int("number of ranks", n_ranks, 1, maximum=RANKS.high)
+        _check_int("base batch size (--base-batch-size)", base_batch_size, 1, maximum=BATCH.high)
         if global_batch is not None:
             _check_int(
                 "global batch (--global-batch)",
                 global_batch,
                 n_ranks,
                 hint=f"each of the {n_ranks} ranks needs at least one sample",
+                maximum=n_ranks * BATCH.high,
             )
-        _check_int("seed", seed, 0)
+        _check_int("seed (--seed)", seed, 0, maximum=SEED.high)
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             valid = ", ".join(sorted(self.OPTIONS)) or "none"
@@ -80,8 +82,8 @@ class Strategy:
         """Restore from :meth:`state_dict`; a checkpoint of another strategy/size is refused."""
         if state.get("strategy") != self.name or state.get("n_ranks") != self.n_ranks:
             raise UsageError(
-                f"checkpoint holds strategy {state.get('strategy')!r} for "
-                f"{state.get('n_ranks')} ranks, but this run uses '{self.name}' on "
+                f"checkpoint holds strategy {show_value(state.get('strategy'))} for "
+                f"{show_value(state.get('n_ranks'))} ranks, but this run uses '{self.name}' on "
                 f"{self.n_ranks}; resume with the same --strategy and process count"
             )
 
@@ -106,7 +108,10 @@ class Strategy:
         return sizes
 
 
-def _check_int(what: str, value, minimum: int, hint: str = "") -> None:
+def _check_int(what: str, value, minimum: int, hint: str = "", maximum: int | None = None) -> None:
+    """``value`` is an int in ``[minimum, maximum]``: a batch of 2**63 would overflow numpy's int64."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         extra = f" ({hint})" if hint else ""
-        raise UsageError(f"{what} must be an integer >= {minimum}, got {value!r}{extra}")
+        raise UsageError(f"{what} must be an integer >= {minimum}, got {show_value(value)}{extra}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{what} must be at most {maximum}, got {show_value(value)}")

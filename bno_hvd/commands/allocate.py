@@ -10,7 +10,7 @@ import click
 from ..allocation import STRATEGY_NAMES, make_strategy
 from ..allocation.metrics_file import load_metrics_file, metrics_to_json
 from ..errors import UsageError
-from ..parsing import parse_int_list
+from ..parsing import CAP, RANKS, parse_int_list, show_value
 
 
 @click.command()
@@ -78,8 +78,7 @@ def allocate(metrics_path, strategy, base_batch_size, global_batch, batch_sizes,
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
 def probe(steps, batch_size, model, probe_bytes, repeats, out_path, max_rounds, threads):
     """Measure OPS, memory and the latency matrix on every rank (under horovodrun)."""
-    if steps < 1 or batch_size < 1 or repeats < 1 or probe_bytes < 8 or (max_rounds is not None and max_rounds < 1):
-        raise UsageError("--steps, --batch-size, --repeats and --max-rounds must be >= 1 and --probe-bytes >= 8")
+    check_probe_flags(steps, batch_size, probe_bytes, repeats, max_rounds, threads)
     # torch and MPI load only here (the CLI itself starts in a tenth of a second)
     import torch
     from mpi4py import MPI
@@ -113,6 +112,23 @@ def probe(steps, batch_size, model, probe_bytes, repeats, out_path, max_rounds, 
             write_json_atomic(out_path, metrics_to_json(metrics))
             click.echo(f"wrote {out_path}")
     comm.Barrier()
+
+
+def check_probe_flags(steps, batch_size, probe_bytes, repeats, max_rounds, threads) -> None:
+    """``bno-hvd probe``'s flags, before MPI starts: each within what a probe can run (a payload
+    of 10**12 bytes, or 0 torch threads, would fail on every rank after the start)."""
+    bounds = [
+        ("--steps", steps, 1, 10**6),
+        ("--batch-size", batch_size, 1, CAP.high),
+        ("--probe-bytes", probe_bytes, 8, 2**30),
+        ("--repeats", repeats, 1, 10**4),
+        ("--threads", threads, 1, 256),
+    ]
+    if max_rounds is not None:
+        bounds.append(("--max-rounds", max_rounds, 1, RANKS.high))
+    for flag, value, low, high in bounds:
+        if not low <= value <= high:
+            raise UsageError(f"{flag} must be between {low} and {high}, got {show_value(value)}")
 
 
 COMMANDS = [allocate, probe]

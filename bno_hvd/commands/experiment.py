@@ -12,7 +12,7 @@ import click
 from ..allocation import STRATEGY_NAMES
 from ..catalog import MODEL_NAMES
 from ..errors import UsageError
-from ..parsing import parse_name_list
+from ..parsing import parse_name_list, show_path
 from .train import config_from_flags, train_options
 
 DEFAULT_MODELS = ",".join(MODEL_NAMES)
@@ -24,13 +24,13 @@ def check_experiment(updates: int, average_every: int, eval_on: bool, target: fl
     if average_every < 1 or average_every > updates:
         raise UsageError(f"--average-every {average_every} must be between 1 and --updates ({updates})")
     if target is not None and not 0 < target <= 1:
-        raise UsageError(f"--target-accuracy {target} must be a fraction in (0, 1], e.g. 0.85")
+        raise UsageError(f"--target-accuracy {target:g} must be a fraction in (0, 1], e.g. 0.85")
     if target is not None and not eval_on:
         raise UsageError("--target-accuracy needs the test split; drop --no-eval (and set --eval-every K)")
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--out {out_dir}: cannot create it ({err.strerror})") from None
+        raise UsageError(f"--out {show_path(out_dir)}: cannot create it ({err.strerror})") from None
 
 
 @click.command()

@@ -3,12 +3,17 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from bno_hvd import launching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Hypothesis keeps its caches (and an example database, which the fuzz tests turn off) in
+# .hypothesis/ of the working directory: keep them out of the checkout.
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "bno-hvd-hypothesis"))
 VENV_BIN = os.path.dirname(sys.executable)
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 

@@ -85,7 +85,10 @@ def load_latest(directory: str) -> tuple[int, dict] | None:
         return None
     update, path = found[-1]
     try:
-        return update, torch.load(path, map_location="cpu", weights_only=False)
+        # weights_only: a foreign ckpt-*.pt cannot run code here; numpy's RNG state (an array of
+        # uint32) is the one non-torch object a checkpoint holds, so its rebuilders are allowed
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            return update, torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing condition
         raise UsageError(
             f"checkpoint {show_path(path)} cannot be read ({type(err).__name__}); "
@@ -292,6 +295,12 @@ def _show(value) -> str:
     if _plain(value) is _NOT_PLAIN:
         return f"<a {type(value).__name__}>"
     return show_value(value, 60).strip('"')
+
+
+def _numpy_rng_globals() -> list:
+    """What unpickling ``np.random.get_state()``'s key array needs, and nothing more."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def _rng_state() -> dict:

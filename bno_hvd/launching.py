@@ -52,13 +52,23 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def ranks_on_this_host(environ=os.environ) -> int | None:
-    """How many ranks the launcher started on this host (None when not under a known launcher)."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+def env_count(environ, *names: str) -> int | None:
+    """The first of ``names`` set to a plain decimal count (at most 7 ASCII digits), else None.
+
+    Launchers set these; anything else (Slurm's ``2(x3)``, a stray value, digits such as ``²``
+    that ``int`` refuses) is treated as not set rather than failing inside MPI start-up."""
+    for var in names:
         value = environ.get(var, "")
-        if value.isdigit():
+        if value.isascii() and value.isdigit() and len(value) <= 7:
             return int(value)
     return None
+
+
+def ranks_on_this_host(environ=os.environ) -> int | None:
+    """How many ranks the launcher started on this host (None when not under a known launcher)."""
+    return env_count(
+        environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"
+    )
 
 
 def arrange_for_shared_cores(environ=os.environ) -> str | None:

@@ -20,15 +20,13 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 from .gloo_rendezvous import init_gloo_env
-from .launching import arrange_for_shared_cores
+from .launching import arrange_for_shared_cores, env_count
 
 
 def launched_rank(environ=os.environ) -> int:
     """This process's rank from the launcher's environment (0 when not under MPI)."""
-    for var in ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if environ.get(var, "").isdigit():
-            return int(environ[var])
-    return 0
+    rank = env_count(environ, "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+    return rank or 0
 
 
 @dataclass

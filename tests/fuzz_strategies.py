@@ -196,16 +196,18 @@ def metrics_files(sparse: bool):
 
 
 @st.composite
-def valid_schedule(draw, n):
+def valid_schedule(draw, n, key="speeds", low=0.01, high=100.0):
     updates = [0] + draw(st.lists(st.integers(1, 10**9), max_size=4, unique=True))
-    speeds = st.lists(st.one_of(st.floats(0.01, 100), st.sampled_from([0.01, 100, 1, 0.33])), min_size=n, max_size=n)
-    return [{"update": u, "speeds": draw(speeds)} for u in draw(st.permutations(updates))]
+    values = st.lists(st.one_of(st.floats(low, high), st.sampled_from([low, high, 1, 0.33])), min_size=n, max_size=n)
+    return [{"update": u, key: draw(values)} for u in draw(st.permutations(updates))]
 
 
 @st.composite
-def schedule_files(draw):
+def schedule_files(draw, key="speeds", low=0.01, high=100.0):
+    """``--emulate-schedule`` files (speeds), or with ``key="quotas"`` ``--cpu-quota-schedule`` files."""
     n = draw(st.integers(1, 5))
-    content = draw(json_file(mutated(valid_schedule(n), st.one_of(numbers, any_json, st.just([1] * n)))))
+    valid = valid_schedule(n, key, low, high)
+    content = draw(json_file(mutated(valid, st.one_of(numbers, any_json, st.just([1] * n)))))
     return {"name": draw(file_names), "content": content, "n_ranks": n}
 
 

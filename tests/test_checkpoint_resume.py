@@ -77,6 +77,32 @@ def test_a_damaged_checkpoint_is_a_usage_error(tmp_path):
         load_latest(str(tmp_path))
 
 
+class _RunsCode:
+    """Unpickling this calls ``Path.touch(marker)``: what a crafted checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "code-ran"
+    torch.save({"model": {}, "rng": _RunsCode(str(marker))}, tmp_path / "ckpt-00000009.pt")
+    with pytest.raises(UsageError, match="ckpt-00000009.pt cannot be read"):
+        load_latest(str(tmp_path))
+    assert not marker.exists()
+    # while numpy's RNG state, the one non-torch object a real checkpoint holds, still loads
+    import numpy as np
+
+    save_checkpoint(str(tmp_path), 10, {"rng": [{"numpy": np.random.get_state()}]})
+    loaded = load_latest(str(tmp_path))[1]["rng"][0]["numpy"]
+    assert loaded[0] == "MT19937" and np.array_equal(loaded[1], np.random.get_state()[1])
+
+
 def test_resuming_under_other_flags_is_refused():
     saved = {"model": "cnn", "strategy": "fixed", "batch_sizes": (5, 11, 3, 13), "seed": 7, "lr": 0.1}
     check_compatible(saved, dict(saved, lr=0.01, updates=999), "ck")  # lr and updates may change

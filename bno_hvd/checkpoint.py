@@ -21,6 +21,7 @@ import numbers
 import os
 import random
 import re
+import warnings
 
 import numpy as np
 import torch
@@ -87,7 +88,9 @@ def load_latest(directory: str) -> tuple[int, dict] | None:
     try:
         # weights_only: a foreign ckpt-*.pt cannot run code here; numpy's RNG state (an array of
         # uint32) is the one non-torch object a checkpoint holds, so its rebuilders are allowed
-        with torch.serialization.safe_globals(_numpy_rng_globals()):
+        with torch.serialization.safe_globals(_numpy_rng_globals()), warnings.catch_warnings():
+            # a foreign file in an old pickle protocol: torch warns before failing or loading it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return update, torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - a damaged file is a user-facing condition
         raise UsageError(

@@ -233,6 +233,24 @@ REFUSED = [
     ("schedule: 5000 digits", "emulate-schedule", schedule_file("[" + "1" * 5000 + "]"), "thousands of digits"),
     ("--emulate-speed 1,1e-300", "emulate-speed", "1,1e-300", "between 0.01 and 100"),
     (
+        "checkpoint: pickle protocol 0 (torch warned)",
+        "checkpoint-dir",
+        {"dir": "ck", "files": [("ckpt-00000000.pt", b"\x80\x00")]},
+        "cannot be read",
+    ),
+    (
+        "slurm: SLURM_HET_SIZE=1_000",
+        "slurm-job",
+        {"env": {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1", "SLURM_HET_SIZE": "1_000"}, "args": []},
+        "SLURM_HET_SIZE='1_000' is not a number of tasks",
+    ),
+    (
+        "slurm: SLURM_JOB_ID \x1e",
+        "slurm-job",
+        {"env": {"SLURM_JOB_ID": "\x1e", "SLURM_NTASKS": "1"}, "args": []},
+        "is not a Slurm job id",
+    ),
+    (
         "checkpoint of None",
         "checkpoint-dir",
         lambda: {"dir": "ck", "files": [("ckpt-00000010.pt", torch_bytes(None))]},
@@ -312,6 +330,14 @@ def test_escapes_found_with_a_valid_answer(tmp_path, fixture_modules):
     run = BY_NAME["image-folder"].run
     data, batches = result_or_one_line(lambda: run({"tree": tree, "image_size": 8}, tmp_path / "tiff"))
     assert batches[1].error is not None and "y.tif" in batches[1].error
+    # launcher counts int() refuses (5000 digits, a superscript two that str.isdigit accepts) failed
+    # inside MPI start-up; they are "not set", so the next variable (or the default) counts
+    run = BY_NAME["launcher-env"].run
+    assert result_or_one_line(lambda: run({"OMPI_COMM_WORLD_RANK": "1" * 5000, "PMI_RANK": "3"}, tmp_path))[0] == 3
+    assert result_or_one_line(lambda: run({"OMPI_COMM_WORLD_LOCAL_SIZE": "\u00b2"}, tmp_path))[1] is None
+    # slurm-job: a task count with a leading zero was octal to bash ("value too great for base")
+    job = {"env": {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "08"}, "args": ["--updates", "3"]}
+    assert result_or_one_line(lambda: BY_NAME["slurm-job"].run(job, tmp_path)) == 8
 
 
 # -- the same through the real CLI ---------------------------------------------------------------

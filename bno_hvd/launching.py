@@ -81,8 +81,9 @@ def arrange_for_shared_cores(environ=os.environ) -> str | None:
         return None
     environ[YIELD] = "1"
     return (
-        f"{local} ranks share {cores} cores on this host: set {YIELD}=1 so that waiting ranks do not "
-        "busy-poll the cores away from computing ones (measured here: 2.07x -> 2.37x for balanced)"
+        f"{local} ranks share {cores} core{'s' if cores != 1 else ''} on this host and {YIELD} was not set: "
+        "bno-hvd set it to 1 for this run, so that waiting ranks do not busy-poll the cores away from "
+        "computing ones (measured: balanced 2.18x -> 2.40x equal, BENCHMARKS.md section 10)"
     )
 
 

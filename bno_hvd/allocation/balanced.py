@@ -25,7 +25,7 @@ Fallbacks, so a rank is never starved or crashes the run:
 Arrival penalty. A rank whose own part of the allreduce is slow (under a CPU quota it has spent
 on compute, it is throttled in the middle of the allreduce) makes every rank wait longer whenever
 it is the last to arrive. :func:`arrival_penalties` measures that from every rank's sync times
-over the last ``arrival_window`` updates (default 64), less twice its standard error (option
+over the last ``arrival_window`` updates (default 64), less ``noise_sigmas`` standard errors (option
 ``arrival_weight``, default 1; 0 disables), and the rank's share is cut so that it arrives that
 much earlier. Emulated or evenly fast ranks have no penalty, also when the allreduce jitters.
 
@@ -40,9 +40,12 @@ fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample chang
 1.5x and by more than its measurement noise, which is taken at once - and a deadband (option
 ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
 step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
-``noise_sigmas`` (default 2) times the fits' relative standard error (``deadband=0`` disables
+``noise_sigmas`` (default 3) times the fits' relative standard error (``deadband=0`` disables
 both). Under CPU quotas single steps jitter by up to a quota period; the noise term keeps equal
-ranks from trading samples on that jitter (Greyhound's rule: rebalance only when it pays). A
+ranks from trading samples on that jitter (Greyhound's rule: rebalance only when it pays). It is
+3, not 2, because the predicted gain follows the largest of N noisy fits, which noise alone
+lifts: at 2, four equal ranks at 0.5 of a core moved on their start-up jitter and stayed 12%
+slower than ``equal`` (BENCHMARKS.md section 9.6). A
 criterion on predicted time rather than on batch sizes ignores moves that only chase measurement
 noise (on equal ranks, every move predicts ~0 gain), yet reacts at once when a rank really slows
 down.
@@ -242,7 +245,7 @@ class BalancedStrategy(Strategy):
         "latency_weight": 1.0,
         "arrival_weight": 1.0,
         "window": 16,
-        "noise_sigmas": 2.0,
+        "noise_sigmas": 3.0,
         "arrival_window": 64,
     }
     JUMP = 1.5

@@ -40,12 +40,12 @@ fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample chang
 1.5x and by more than its measurement noise, which is taken at once - and a deadband (option
 ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
 step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
-``noise_sigmas`` (default 3) times the fits' relative standard error (``deadband=0`` disables
-both). Under CPU quotas single steps jitter by up to a quota period; the noise term keeps equal
-ranks from trading samples on that jitter (Greyhound's rule: rebalance only when it pays). It is
-3, not 2, because the predicted gain follows the largest of N noisy fits, which noise alone
-lifts: at 2, four equal ranks at 0.5 of a core moved on their start-up jitter and stayed 12%
-slower than ``equal`` (BENCHMARKS.md section 9.6). A
+``noise_sigmas`` times the fits' relative standard error (``deadband=0`` disables both). Under
+CPU quotas single steps jitter by up to a quota period; the noise term keeps equal ranks from
+trading samples on that jitter (Greyhound's rule: rebalance only when it pays). By default it
+grows with N (:func:`sigmas_for`: 3.0 for 4 ranks), because the predicted gain follows the
+largest of N noisy fits, which noise alone lifts: at 2, four equal ranks at 0.5 of a core moved
+on their start-up jitter and stayed 12% slower than ``equal`` (BENCHMARKS.md section 9). A
 criterion on predicted time rather than on batch sizes ignores moves that only chase measurement
 noise (on equal ranks, every move predicts ~0 gain), yet reacts at once when a rank really slows
 down.
@@ -54,6 +54,7 @@ down.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -61,6 +62,15 @@ from ..errors import UsageError
 from .metrics import ClusterMetrics
 from .rounding import round_to_total
 from .strategy import Strategy
+
+
+def sigmas_for(n_ranks: int, false_moves: float = 0.005) -> float:
+    """Standard errors a predicted gain must exceed before ``balanced`` moves samples.
+
+    The gain follows the largest of N noisy fits, and noise alone lifts the largest of N: for
+    equal ranks, one false move per ``1 / false_moves`` rebalances needs the one-sided normal
+    quantile at ``false_moves / N`` (3.0 for 4 ranks, 3.8 for 64, 4.4 for 1024)."""
+    return NormalDist().inv_cdf(1.0 - false_moves / max(int(n_ranks), 1))
 
 
 def passes(b, cap):
@@ -245,7 +255,7 @@ class BalancedStrategy(Strategy):
         "latency_weight": 1.0,
         "arrival_weight": 1.0,
         "window": 16,
-        "noise_sigmas": 3.0,
+        "noise_sigmas": None,  # None: sigmas_for(n_ranks), 3.0 for 4 ranks
         "arrival_window": 64,
     }
     JUMP = 1.5
@@ -256,7 +266,11 @@ class BalancedStrategy(Strategy):
         _check_range("smoothing", o["smoothing"], 0.0, 1.0, "weight of the previous fit")
         _check_range("deadband", o["deadband"], 0.0, 1.0, "fraction of a rank's batch")
         _check_range("latency_weight", o["latency_weight"], 0.0, math.inf, "0 disables")
-        _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
+        if o["noise_sigmas"] is None:
+            self.sigmas = sigmas_for(self.n_ranks)
+        else:
+            _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
+            self.sigmas = float(o["noise_sigmas"])
         _check_range("arrival_weight", o["arrival_weight"], 0.0, math.inf, "0 disables")
         for key in ("window", "arrival_window"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not 1 <= o[key] <= 10**6:
@@ -278,7 +292,7 @@ class BalancedStrategy(Strategy):
         # more than its measurement noise, has really changed (a neighbour arrived or left): take
         # the new fit at once instead of smoothing towards it, so the split recovers in one interval.
         ratio = np.where(new & had, c_fit / np.where(had, self.c, 1.0), 1.0)
-        beyond_noise = np.abs(np.log(ratio)) > 1.5 * float(self.options["noise_sigmas"]) * self.noise
+        beyond_noise = np.abs(np.log(ratio)) > 1.5 * self.sigmas * self.noise
         jumped = new & had & ((ratio > self.JUMP) | (ratio < 1 / self.JUMP)) & beyond_noise
         both, first = new & had & ~jumped, (new & ~had) | jumped
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
@@ -301,7 +315,7 @@ class BalancedStrategy(Strategy):
         for update in sorted(self.sync_rows)[: -int(self.options["arrival_window"])]:
             del self.sync_rows[update]
         rows = np.array(list(self.sync_rows.values())).reshape(-1, self.n_ranks)
-        seen = penalties_from_rows(rows, sigmas=float(self.options["noise_sigmas"]))
+        seen = penalties_from_rows(rows, sigmas=self.sigmas)
         self.penalty = np.where(np.isfinite(seen), seen, self.penalty)  # never last: keep the estimate
         offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
         offsets = offsets + float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min())
@@ -333,7 +347,7 @@ class BalancedStrategy(Strategy):
         deadband = float(self.options["deadband"])
         if deadband == 0 or sum(current) != self.global_batch:
             return False  # (current is not a split of this global batch: never keep it)
-        threshold = max(deadband, float(self.options["noise_sigmas"]) * float(np.sqrt(np.mean(self.noise**2))))
+        threshold = max(deadband, self.sigmas * float(np.sqrt(np.mean(self.noise**2))))
         step_now = float(np.max(step_time(*model[:2], current, *model[2:])))
         step_new = float(np.max(step_time(*model[:2], sizes, *model[2:])))
         return step_now - step_new <= threshold * step_now

@@ -280,6 +280,11 @@ class SlurmCluster:
         return Job(job_id, proc.returncode, output, proc.stderr)
 
     # --- stop ----------------------------------------------------------------------------
+    def cancel_all(self, timeout: float = 30) -> None:
+        """Cancel every job and wait until the queue is empty."""
+        self.run("scancel", "--full", "--user=root", check=False, timeout=10)
+        self._wait(lambda: not self.run("squeue", "--noheader", check=False).stdout.strip(), timeout, "an empty queue")
+
     def stop(self, remove: bool = True) -> list[str]:
         """Cancel jobs, stop the daemons, kill what still carries this cluster's SLURM_CONF, remove
         the work directory. Never raises; returns what could not be stopped or removed."""

@@ -109,7 +109,21 @@ def test_heterogeneous_job_is_one_mpi_world(cluster, tmp_path):
     # hostname and local rank, which the two components share, so use TCP between them (on
     # real nodes, which have their own /dev/shm, leave it alone).
     env = dict(JOB_ENV, OMPI_MCA_btl="tcp,self")
-    job = cluster.sbatch([HETJOB, *SHORT_RUN, "--log-dir", str(log_dir)], cwd=str(tmp_path), env=env)
+    job = None
+    for attempt in range(3):
+        log_dir = tmp_path / f"log{attempt}"
+        try:
+            args = [HETJOB, *SHORT_RUN, "--log-dir", str(log_dir)]
+            job = cluster.sbatch(args, cwd=str(tmp_path), env=env, timeout=90)
+            break
+        except SlurmError as err:
+            # Slurm 22.05 here: in about 1 of 6 runs srun --het-group never returns although both
+            # components' steps are "done with job" in their slurmd logs and training finished.
+            # Only that case is retried (and must not repeat three times); anything else fails.
+            if "still waiting" not in str(err) or not (log_dir / "result.json").exists():
+                raise
+            cluster.cancel_all()
+    assert job is not None, "srun --het-group hung after the job finished in 3 of 3 attempts"
     assert_trained(job, log_dir)
     assert f"[slurm] job {job.job_id}: 4 ranks" in job.output and "(--het-group=0-1)" in job.output
     for offset, node in enumerate(("nodeA", "nodeB")):  # each component ran its part of the step on its node

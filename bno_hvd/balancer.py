@@ -32,6 +32,7 @@ import numpy as np
 from .control.monitor import process_memory_bytes
 from .control.plane import ControlPlane, RankReport
 from .errors import UsageError, WarningLog
+from .heap import keep_freed_memory
 from .loader import Batch, make_loader
 from .plan import AllocationPlan
 from .records import RankStep
@@ -131,6 +132,7 @@ class Balancer:
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
+        keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/heap.py)
         self.plane = ControlPlane(comm)
         self.rank, self.size = self.plane.rank, self.plane.size
         self.strategy = strategy

@@ -47,6 +47,7 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
             echo(f"== {name}")
         cfg = base.replace(
             strategy=name,
+            batch_sizes=base.batch_sizes if name == "fixed" else None,
             log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
             tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
         )

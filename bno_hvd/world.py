@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 from .gloo_rendezvous import init_gloo_env
+from .heap import keep_freed_memory
 from .launching import arrange_for_shared_cores, env_count
 
 
@@ -56,6 +57,7 @@ def init_world(collectives: str = "mpi") -> World:
     ``collectives``: what Horovod's allreduce runs on, ``mpi`` or ``gloo``
     (:mod:`bno_hvd.gloo_rendezvous`); the control plane always talks MPI."""
     notes = [n for n in [arrange_for_shared_cores()] if n]
+    keep_freed_memory()  # no page faults on every update's activations (bno_hvd/heap.py)
     import horovod.torch as hvd
     from mpi4py import MPI  # initialises MPI (after the environment above is final)
 

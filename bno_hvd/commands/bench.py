@@ -30,7 +30,14 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 def bench(strategies, warmup, out_dir, progress, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
     names = parse_name_list(strategies, "--strategies", STRATEGY_NAMES)
-    base = config_from_flags(strategy=names[0], eval=False, progress=progress, **kw)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UsageError(f"--strategies names {','.join(repeated)} more than once; give each strategy once")
+    if kw.get("batch_sizes") and "fixed" not in names:
+        raise UsageError("--batch-sizes only applies to the strategy 'fixed'; add it to --strategies or drop the flag")
+    # the first run's config checks every flag; --batch-sizes belongs to 'fixed' alone
+    first = "fixed" if "fixed" in names else names[0]
+    base = config_from_flags(strategy=first, eval=False, progress=progress, **kw)
     if warmup < 0 or warmup + 2 > base.updates:
         raise UsageError(f"--warmup {warmup} must be >= 0 and leave at least 2 of the {base.updates} updates")
     # torch, MPI and Horovod load only when a run starts (the CLI itself starts in a tenth of a second)

@@ -330,3 +330,16 @@ def test_horovodrun_damaged_checkpoint_ends_every_rank(tmp_path):
     assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ckpt-00000010.pt cannot be read" in lines[0] and "remove it" in lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--strategies", "equal,balanced,equal"], ["--strategies names equal more than once"]),
+        (["--strategies", "equal,balanced", "--batch-sizes", "4,4"], ["--batch-sizes only applies", "fixed"]),
+    ],
+)
+def test_bench_refuses_before_any_run(args, words):
+    # the table is keyed by strategy, and --batch-sizes belongs to 'fixed' alone: refused up
+    # front, not after the first strategy has trained
+    assert_cli_error(cli("bench", "--dataset", "synthetic", "--no-progress", *args), *words)

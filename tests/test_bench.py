@@ -21,7 +21,9 @@ def test_bench_writes_table_json_csv_png(tmp_path):
             "--rebalance-every",
             "4",
             "--strategies",
-            "equal,balanced,bno",
+            "equal,balanced,bno,fixed",
+            "--batch-sizes",
+            "9,9,9,5",
             "--emulate-speed",
             "1,1,1,0.5",
             "--emulate-rate",
@@ -41,7 +43,9 @@ def test_bench_writes_table_json_csv_png(tmp_path):
     assert_ok(proc)
     assert "EMULATED heterogeneity: speeds 1,1,1,0.5" in proc.stdout
     records = json.loads((out / "bench.json").read_text())
-    assert [r["strategy"] for r in records] == ["equal", "balanced", "bno"]
+    assert [r["strategy"] for r in records] == ["equal", "balanced", "bno", "fixed"]
+    assert records[3]["final_batch_sizes"] == [9, 9, 9, 5]  # --batch-sizes went to 'fixed' only
+    assert records[0]["final_batch_sizes"] == [8, 8, 8, 8]
     for r in records:
         for key in ("samples_per_s", "speedup_vs_equal", "fraction_of_ideal", "control_overhead"):
             assert isinstance(r[key], float) and r[key] == r[key], (key, r)
@@ -49,7 +53,7 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         assert r["emulation"].startswith("EMULATED")
     assert records[0]["speedup_vs_equal"] == 1.0
     rows = list(csv.DictReader((out / "bench.csv").open()))
-    assert [r["strategy"] for r in rows] == ["equal", "balanced", "bno"]
+    assert [r["strategy"] for r in rows] == ["equal", "balanced", "bno", "fixed"]
     assert (out / "bench.png").read_bytes()[:8] == PNG_MAGIC
     for name in ("equal", "balanced", "bno"):
         lines = (out / "runs" / name / "updates.jsonl").read_text().splitlines()

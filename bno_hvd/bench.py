@@ -32,6 +32,7 @@ class BenchSummary:
     compute_balance: float = math.nan  # mean over updates of mean/max per-rank compute time
     compute_balance_of_means: float = math.nan  # the same of each rank's mean compute time (noise averaged out)
     outside_compute_share: float = math.nan  # share of update time not spent in the slowest compute
+    allreduce_alone: float = math.nan  # seconds: the gradient allreduce without compute (its floor)
     speedup_vs_equal: float | None = None
     final_batch_sizes: list[int] | None = None
     mean_global_batch: float = 0.0
@@ -41,7 +42,7 @@ class BenchSummary:
 
 
 def summarize(
-    strategy: str, records: list[UpdateRecord], rank_steps: list[list[RankStep]], warmup: int = 0
+    strategy: str, records: list[UpdateRecord], rank_steps: list[list[RankStep]], warmup: int = 0, alone=None
 ) -> BenchSummary:
     """Summary over updates ``warmup..end`` (the first ones include start-up costs)."""
     if len(records) <= warmup + 1:
@@ -66,6 +67,7 @@ def summarize(
         compute_balance=compute_balance(rank_steps, warmup),
         compute_balance_of_means=compute_balance_of_means(rank_steps, warmup),
         outside_compute_share=outside_compute_share(recs, [s[warmup:] for s in rank_steps]),
+        allreduce_alone=max(wall for wall, _ in alone) if alone else math.nan,
         final_batch_sizes=list(records[-1].batch_sizes),
         mean_global_batch=samples / len(recs),
     )
@@ -201,9 +203,11 @@ class RankBreakdown:
     sync: float  # the allreduce, including waiting for slower ranks
     cpu_share: float  # CPU seconds used / wall seconds (all threads; 1.0 = one full core)
     cpu_sync: float = 0.0  # CPU seconds per update in the sync phase (the allreduce's work, and any spinning)
+    cpu_alone: float = math.nan  # CPU seconds of one allreduce without compute (collectives.allreduce_alone)
 
 
-def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0) -> list[RankBreakdown]:
+def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0, alone=None) -> list[RankBreakdown]:
+    """``alone``: per rank (wall, CPU) seconds of the allreduce without compute, if measured."""
     out = []
     for r, steps in enumerate(rank_steps):
         s = steps[warmup:] or steps
@@ -218,16 +222,20 @@ def rank_breakdown(rank_steps: list[list[RankStep]], warmup: int = 0) -> list[Ra
                 sum(x.sync for x in s) / n,
                 sum(x.cpu for x in s) / wall if wall > 0 else math.nan,
                 sum(x.cpu_sync for x in s) / n,
+                alone[r][1] if alone else math.nan,
             )
         )
     return out
 
 
 def format_breakdown(rows: list[RankBreakdown]) -> str:
-    head = f"{'rank':>6}{'batch':>8}{'gap ms':>9}{'compute ms':>12}{'sync ms':>10}{'CPU share':>11}{'sync CPU ms':>13}"
+    head = (
+        f"{'rank':>6}{'batch':>8}{'gap ms':>9}{'compute ms':>12}{'sync ms':>10}{'CPU share':>11}{'sync CPU ms':>13}"
+        f"{'alone CPU ms':>14}"
+    )
     lines = [head] + [
         f"{r.rank:>6}{r.batch:>8.1f}{1e3 * r.gap:>9.1f}{1e3 * r.compute:>12.1f}{1e3 * r.sync:>10.1f}"
-        f"{r.cpu_share:>11.2f}{1e3 * r.cpu_sync:>13.1f}"
+        f"{r.cpu_share:>11.2f}{1e3 * r.cpu_sync:>13.1f}{1e3 * r.cpu_alone:>14.1f}"
         for r in rows
     ]
     return "\n".join(lines)
@@ -242,6 +250,7 @@ TABLE_COLUMNS = (
     "compute_balance",
     "compute_balance_of_means",
     "outside_compute_share",
+    "allreduce_alone",
     "control_overhead",
     "control_ms_per_rebalance",
     "mean_global_batch",
@@ -252,7 +261,8 @@ TABLE_COLUMNS = (
 def format_table(summaries: list[BenchSummary]) -> str:
     head = (
         f"{'strategy':<13}{'samples/s':>10}{'update (ms)':>12}{'vs equal':>9}{'of ideal':>9}"
-        f"{'balance':>8}{'of means':>9}{'outside':>8}{'control':>9}{'ms/rebal':>9}{'global B':>9}  final sizes"
+        f"{'balance':>8}{'of means':>9}{'outside':>8}{'alone ms':>9}{'control':>9}{'ms/rebal':>9}{'global B':>9}"
+        "  final sizes"
     )
     lines = [head, "-" * len(head)]
     for s in summaries:
@@ -260,7 +270,7 @@ def format_table(summaries: list[BenchSummary]) -> str:
         lines.append(
             f"{s.strategy:<13}{s.samples_per_s:>10.1f}{s.mean_weight_update_time * 1e3:>12.1f}"
             f"{speed:>9}{s.fraction_of_ideal:>9.1%}{s.compute_balance:>8.2f}{s.compute_balance_of_means:>9.2f}"
-            f"{s.outside_compute_share:>8.0%}"
+            f"{s.outside_compute_share:>8.0%}{s.allreduce_alone * 1e3:>9.1f}"
             f"{s.control_overhead:>9.2%}{s.control_ms_per_rebalance:>9.2f}{s.mean_global_batch:>9.1f}"
             f"  {','.join(map(str, s.final_batch_sizes or []))}"
         )

@@ -16,7 +16,10 @@ plain Horovod loop burn it while the rank only waits:
 
 from __future__ import annotations
 
+import statistics
 import time
+
+import torch
 
 POLL_FIRST, POLL_MAX = 1e-4, 2e-3  # seconds between polls: first, and the cap of the back-off
 
@@ -28,11 +31,37 @@ def wait_for_allreduce(hvd, optimizer, extra=()) -> None:
     # backward hooks; None for parameters still accumulating. A handle may also be a callable
     # (Horovod's own sparse path): step() resolves those itself.
     handles = [h for h, _ in getattr(optimizer, "_handles", {}).values() if isinstance(h, int)]
+    wait_handles(hvd, handles + [h for h in extra if h is not None])
+
+
+def wait_handles(hvd, handles) -> None:
+    """Poll Horovod ``handles`` until all are done, sleeping in between (0.1 ms, doubling to 2 ms)."""
     delay = POLL_FIRST
-    for handle in list(handles) + [h for h in extra if h is not None]:
+    for handle in handles:
         while not hvd.poll(handle):
             time.sleep(delay)
             delay = min(POLL_MAX, 2 * delay)
+
+
+def allreduce_alone(hvd, model, repeats: int = 20, warmup: int = 3) -> tuple[float, float]:
+    """The gradient allreduce without any compute: one buffer of the model's gradient size and
+    dtype, allreduced ``warmup + repeats`` times the way an update does it (fused, waited for by
+    polling). Returns this rank's median wall seconds and median CPU seconds (every thread of
+    the process: Horovod's and Gloo's included) per allreduce.
+
+    It is the floor of an update's time outside compute: no allocation of samples can remove it.
+    ``bench`` measures it at the start of each run, under the run's CPU quotas."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    buf = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype if params else torch.float32)
+    buf = buf.to(params[0].device) if params else buf
+    walls, cpus = [], []
+    for i in range(warmup + repeats):
+        cpu, wall = time.process_time(), time.perf_counter()
+        wait_handles(hvd, [hvd.allreduce_async_(buf, op=hvd.Sum, name="bno.allreduce_alone")])
+        if i >= warmup:
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def set_passes(optimizer, passes: int) -> None:

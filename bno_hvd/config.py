@@ -55,6 +55,7 @@ class TrainConfig:
     collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi, or gloo (waits without spinning)
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
+    measure_allreduce: bool = False  # bench: time the allreduce alone at the start (collectives.allreduce_alone)
     # -- heterogeneity ------------------------------------------------------------------------
     emulate_speed: tuple[float, ...] | None = None
     emulate_rate: float = 200.0

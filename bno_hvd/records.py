@@ -104,6 +104,7 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     records: list[UpdateRecord] = field(default_factory=list)
     rank_steps: list[list[RankStep]] = field(default_factory=list)
+    allreduce_alone: list[tuple[float, float]] | None = None  # per rank: median wall s, CPU s (bench)
 
     @property
     def samples_per_s(self) -> float:

@@ -48,6 +48,7 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
         cfg = base.replace(
             strategy=name,
             batch_sizes=base.batch_sizes if name == "fixed" else None,
+            measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
             log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
             tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
         )
@@ -56,7 +57,9 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
         runs[name] = result
     if not world.master:
         return None
-    summaries = with_speedups([summarize(n, r.records, r.rank_steps, warmup) for n, r in runs.items()])
+    summaries = with_speedups(
+        [summarize(n, r.records, r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()]
+    )
     hetero = from_config(base, world.size)
     run_label, changes = hetero.label(), hetero.changes()
     recovery = relative = None
@@ -66,7 +69,7 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
         recovery = {n: recovery_intervals(e, changes, every) for n, e in eff.items()}
         limits = [0.9 * p for p in best_plateaus(eff, changes)]
         relative = {n: recovery_intervals(e, changes, every, limits) for n, e in eff.items()}
-    breakdown = {n: rank_breakdown(r.rank_steps, warmup) for n, r in runs.items()}
+    breakdown = {n: rank_breakdown(r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()}
     if out_dir:
         title = f"weight-update time per update ({base.model}, {world.size} ranks)"
         records = {n: r.records for n, r in runs.items()}

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .atomic import write_json_atomic
 from .checkpoint import save_training_state
 from .clock import Stopwatch
-from .collectives import LossSum, optimizer_step, set_passes, wait_for_allreduce
+from .collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
 from .components import Run, build_run, save_model
 from .errors import TrainingError
 from .evaluation import evaluate
@@ -34,6 +34,7 @@ def run_training(cfg, world, *, out=sys.stdout) -> RunResult:
     clock, records, steps, evals = Stopwatch(), [], [], []
     try:
         hooks.start(run)
+        alone = allreduce_alone(hvd, model) if cfg.measure_allreduce else None  # under the run's quotas
         for batch in bal.batches(run.loader, cfg.updates):  # this rank's batches, epoch after epoch
             # -- this rank's step: forward, weighted loss, backward ------------------------
             step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
@@ -80,7 +81,7 @@ def run_training(cfg, world, *, out=sys.stdout) -> RunResult:
                 evals.append(evaluation_point(run, sum(r.global_batch for r in records), clock))
             if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
                 save_training_state(cfg, world.control_comm, model, opt, bal)
-        return finish(run, clock, records, steps, evals, out)
+        return finish(run, clock, records, steps, evals, out, alone)
     finally:
         run.close()
 
@@ -126,11 +127,12 @@ def score_test_split(run: Run) -> tuple[int, int]:
     )
 
 
-def finish(run: Run, clock: Stopwatch, records, steps, evals, out) -> RunResult:
+def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -> RunResult:
     """After the last update (collective): gather every rank's steps, evaluate, write results."""
     cfg, world, bal = run.cfg, run.world, run.balancer
     wall = clock.elapsed()
     rank_steps = world.control_comm.gather(steps, root=0)
+    alone_by_rank = world.control_comm.gather(alone, root=0) if alone is not None else None
     warnings = run.hooks.finish(world.control_comm) + (bal.warnings.drain() if world.master else [])
     result = RunResult(
         updates=bal.update,
@@ -143,6 +145,7 @@ def finish(run: Run, clock: Stopwatch, records, steps, evals, out) -> RunResult:
         warnings=warnings,
         records=records,
         rank_steps=rank_steps or [],
+        allreduce_alone=alone_by_rank,
     )
     if run.data.test is not None:
         correct, total = score_test_split(run)

@@ -51,6 +51,9 @@ def test_bench_writes_table_json_csv_png(tmp_path):
             assert isinstance(r[key], float) and r[key] == r[key], (key, r)
         assert r["samples_per_s"] > 0 and 0 < r["fraction_of_ideal"] and 0 <= r["control_overhead"] < 1
         assert r["emulation"].startswith("EMULATED")
+        # the allreduce alone, measured at the start of each run on every rank: wall and CPU > 0
+        assert 0 < r["allreduce_alone"] < r["mean_weight_update_time"] * 50, r
+        assert len(r["rank_breakdown"]) == 4 and all(b["cpu_alone"] > 0 for b in r["rank_breakdown"]), r
     assert records[0]["speedup_vs_equal"] == 1.0
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [r["strategy"] for r in rows] == ["equal", "balanced", "bno", "fixed"]

@@ -1,5 +1,7 @@
 """Benchmark arithmetic on hand-made logs with known answers."""
 
+import math
+
 import pytest
 
 from bno_hvd.bench import (
@@ -84,6 +86,12 @@ def test_compute_balance_outside_share_and_breakdown_by_hand():
     rows = rank_breakdown(steps)
     assert rows[0].gap == pytest.approx(0.005) and rows[1].cpu_sync == pytest.approx(0.025)
     assert rows[0].cpu_share == pytest.approx(0.55 / 1.01)
+    assert math.isnan(rows[0].cpu_alone)  # not measured
+    # the allreduce alone, per rank (wall s, CPU s): the table shows the slowest rank's wall
+    alone = [(0.010, 0.001), (0.012, 0.004)]
+    assert [r.cpu_alone for r in rank_breakdown(steps, alone=alone)] == [0.001, 0.004]
+    assert summarize("equal", records, steps, alone=alone).allreduce_alone == 0.012
+    assert math.isnan(summarize("equal", records, steps).allreduce_alone)
 
 
 def test_recovery_against_the_best_strategys_plateau():

@@ -10,7 +10,6 @@ steps. Prints each rank's median wall and CPU (all threads) per reduction, twice
 """
 
 import argparse
-import os
 import statistics
 import time
 
@@ -19,8 +18,9 @@ import torch
 from mpi4py import MPI
 
 from bno_hvd.collectives import wait_handles
-from bno_hvd.cpuquota import CpuQuotaGroup, find_place, start_reaper
+from bno_hvd.cpuquota import CpuQuotaHook, parse_quotas
 from bno_hvd.gloo_rendezvous import init_gloo_env
+from bno_hvd.parsing import RankSchedule
 
 CNN_PARAMETERS = 215_370  # bno-hvd's baseline CNN on 28x28 images
 
@@ -30,25 +30,19 @@ def main() -> None:
     ap.add_argument("--quotas", default="0.5,0.5,0.5,0.17", help="share of one core per rank (4 ranks)")
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
-    quotas = [float(q) for q in args.quotas.split(",")]
+    quotas = parse_quotas(args.quotas)
     init_gloo_env(MPI.COMM_WORLD)
     fast, pair = hvd.ProcessSet([0, 1, 2]), hvd.ProcessSet([0, 3])
     hvd.init(process_sets=[fast, pair])
     if hvd.size() != 4:
         raise SystemExit("reduce_around.py: run it on exactly 4 ranks")
     rank = hvd.rank()
-    group = CpuQuotaGroup(find_place(), f"bno-hvd-around-{os.getpid()}", 10_000).create(quotas[rank])
-    reaper = start_reaper(group.path)  # removes the cgroup even if this rank is killed
-    group.join()
+    quota = CpuQuotaHook(RankSchedule.constant(quotas), rank)  # what --cpu-quota does, reaper included
+    quota.start(None)
     try:
         run(rank, fast, pair, args.repeats)
     finally:
-        group.leave()
-        for _ in range(50):
-            if group.remove():
-                break
-            time.sleep(0.1)
-        reaper.stdin.close()
+        quota.close()
 
 
 def run(rank, fast, pair, repeats) -> None:

@@ -52,8 +52,8 @@ def allreduce_alone(hvd, model, repeats: int = 20, warmup: int = 3) -> tuple[flo
     It is the floor of an update's time outside compute: no allocation of samples can remove it.
     ``bench`` measures it at the start of each run, under the run's CPU quotas."""
     params = [p for p in model.parameters() if p.requires_grad]
-    buf = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype if params else torch.float32)
-    buf = buf.to(params[0].device) if params else buf
+    like = params[0] if params else torch.zeros(0)
+    buf = torch.zeros(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
     walls, cpus = [], []
     for i in range(warmup + repeats):
         cpu, wall = time.process_time(), time.perf_counter()

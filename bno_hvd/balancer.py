@@ -31,6 +31,7 @@ import numpy as np
 
 from .control.monitor import process_memory_bytes
 from .control.plane import ControlPlane, RankReport
+from .cpuquota import cpu_limit
 from .errors import UsageError, WarningLog
 from .heap import keep_freed_memory
 from .loader import Batch, make_loader
@@ -144,6 +145,7 @@ class Balancer:
         self.sampler = UnevenSampler(dataset_len, seed=seed)
         self.window = StepWindow(window)
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds), for rank 0
+        self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase, for rank 0
         self.fixed_lag = lag
         initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
         self.plan = AllocationPlan(initial, lag=lag or 1)
@@ -243,6 +245,7 @@ class Balancer:
             gap_seconds=self._gap,
         )
         self.syncs.append((step.update, stats.sync_seconds))
+        self.sync_cpus.append(stats.cpu_sync_seconds)
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
         self._step = None
@@ -272,6 +275,8 @@ class Balancer:
             self.max_batch,
             warnings=self.warnings.drain() if self.rank != 0 else [],
             sync_samples=list(self.syncs),
+            sync_cpu=float(np.median(self.sync_cpus)) if self.sync_cpus else None,
+            cpu_limit=cpu_limit(),
         )
         return self.report_filter(report, self.update) if self.report_filter else report
 

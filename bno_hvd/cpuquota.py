@@ -100,6 +100,62 @@ def find_place(mounts: str | None = None, own: str | None = None) -> CgroupPlace
     )
 
 
+def cpu_limit(mounts: str | None = None, own: str | None = None) -> float | None:
+    """This process's CPU limit in cores (a CFS quota over its period), or None when it has none.
+
+    The smallest limit on the way from the process's own cgroup up to the hierarchy's root: a
+    container's ``--cpus``, a Kubernetes CPU limit, Slurm's or systemd's ``CPUQuota``, or our own
+    ``--cpu-quota``. cgroup v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and v2 (``cpu.max``).
+    Read at every rebalance, so a quota that changes during the run is seen. Never raises: None
+    when nothing can be read."""
+    try:
+        mounts = mounts if mounts is not None else _read("/proc/self/mounts")
+        own = own if own is not None else _read("/proc/self/cgroup")
+    except OSError:
+        return None
+    roots = {}
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
+            roots[1] = fields[1]
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            roots.setdefault(2, fields[1])
+    paths = dict(_cgroup_line(line) for line in own.splitlines() if line.count(":") >= 2)
+    if 1 in roots:
+        version, root = 1, roots[1]
+        path = next((p for ctrls, p in paths.items() if "cpu" in ctrls.split(",")), None)
+    elif 2 in roots:
+        version, root, path = 2, roots[2], paths.get("")
+    else:
+        return None
+    if path is None:
+        return None
+    limits = []
+    parts = [p for p in path.strip("/").split("/") if p]
+    for depth in range(len(parts), -1, -1):
+        folder = os.path.join(root, *parts[:depth])
+        limit = _limit_in(folder, version)
+        if limit is not None:
+            limits.append(limit)
+    return min(limits) if limits else None
+
+
+def _limit_in(folder: str, version: int) -> float | None:
+    """The limit one cgroup directory sets (cores), None for "max", -1 or an unreadable file."""
+    try:
+        if version == 1:
+            quota = int(_read(os.path.join(folder, "cpu.cfs_quota_us")).strip())
+            period = int(_read(os.path.join(folder, "cpu.cfs_period_us")).strip())
+        else:
+            text = _read(os.path.join(folder, "cpu.max")).split()
+            if not text or text[0] == "max":
+                return None
+            quota, period = int(text[0]), int(text[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
 class CpuQuotaGroup:
     """One rank's cgroup with a CPU limit. ``join``/``leave`` move the whole process (all threads)."""
 

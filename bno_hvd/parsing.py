@@ -58,6 +58,8 @@ OPS = Range(1e-3, 1e9, "samples/s")  # throughput of one rank (or exactly 0)
 MEMORY = Range(0, 1e18, "bytes")  # memory in use on one rank (1e18 B = 1 EB)
 LATENCY = Range(0, 60.0, "seconds")  # one measured round trip
 STEP_SECONDS = Range(1e-6, 86400.0, "seconds")  # one measured compute phase
+CPU_SECONDS = Range(0, 86400.0, "CPU seconds")  # CPU one rank spent in one sync phase
+CPU_LIMIT = Range(1e-3, 1e6, "cores")  # a cgroup's CPU limit (quota / period)
 
 
 def parse_int_list(text: str | None, flag: str, bounds: Range = BATCH) -> tuple[int, ...] | None:

@@ -6,12 +6,14 @@ does not have with a cpu controller) is checked on a directory laid out like one
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 from conftest import assert_ok, bno_cmd, horovodrun, mpirun
 
-from bno_hvd.cpuquota import CgroupPlace, CpuQuotaGroup, find_place, period_for
+from bno_hvd.cpuquota import CgroupPlace, CpuQuotaGroup, cpu_limit, find_place, period_for
 from bno_hvd.errors import UsageError
 from bno_hvd.parsing import RankSchedule
 from bno_hvd.records import steps_from_json
@@ -49,6 +51,30 @@ def test_v1_and_v2_places_and_limits_on_a_laid_out_tree(tmp_path):
     # no cpu controller anywhere: one clear line
     with pytest.raises(UsageError, match="needs a cgroup cpu controller"):
         find_place(mounts=f"cgroup2 {tmp_path}/none cgroup2 rw 0 0\n", own="0::/\n")
+
+
+def test_the_cpu_limit_is_the_smallest_on_the_way_to_the_root(tmp_path):
+    # v1: a container's limit (0.5 of a core) above our own group's 0.17; the root has none (-1)
+    for folder, quota in (("cpu", -1), ("cpu/pod", 50_000), ("cpu/pod/ours", 1_700)):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (tmp_path / folder / "cpu.cfs_period_us").write_text("100000\n" if quota != 1_700 else "10000\n")
+    v1 = f"cgroup {tmp_path}/cpu cgroup rw,cpu,cpuacct 0 0\n"
+    assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/pod/ours\n") == pytest.approx(0.17)
+    assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/pod\n") == pytest.approx(0.5)
+    assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/\n") is None  # no limit anywhere
+    # v2: "max" is no limit; a parent's 1.5 cores is above the child's 0.25
+    (tmp_path / "v2" / "kube" / "c1").mkdir(parents=True)
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "v2" / "kube" / "cpu.max").write_text("150000 100000\n")
+    (tmp_path / "v2" / "kube" / "c1" / "cpu.max").write_text("25000 100000\n")
+    v2 = f"cgroup2 {tmp_path}/v2 cgroup2 rw 0 0\n"
+    assert cpu_limit(mounts=v2, own="0::/kube/c1\n") == pytest.approx(0.25)
+    (tmp_path / "v2" / "kube" / "c1" / "cpu.max").write_text("max 100000\n")
+    assert cpu_limit(mounts=v2, own="0::/kube/c1\n") == pytest.approx(1.5)
+    # nothing readable, or no cpu controller: None, never an error (it is read at every rebalance)
+    assert cpu_limit(mounts=v2, own="0::/gone/away\n") is None
+    assert cpu_limit(mounts="proc /proc proc rw 0 0\n", own="0::/\n") is None
 
 
 def cgroup_reason():
@@ -145,3 +171,42 @@ def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
     assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert wait_until_gone(before) == before  # the reaper removed the killed rank's group too
+
+
+@needs_cgroups
+def test_a_rank_reads_the_limit_of_the_cgroup_it_runs_in(tmp_path):
+    script = (
+        "from bno_hvd.cpuquota import CpuQuotaHook, cpu_limit\n"
+        "from bno_hvd.parsing import RankSchedule\n"
+        "outside = cpu_limit()\n"
+        "hook = CpuQuotaHook(RankSchedule.constant([0.25]), 0)\n"
+        "hook.start(None)\n"
+        "inside = cpu_limit()\n"
+        "hook.close()\n"
+        "print(outside, inside, cpu_limit())\n"
+    )
+    before = our_cgroups()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    outside, inside, after = proc.stdout.split()
+    assert float(inside) == pytest.approx(0.25) and outside == after  # back home: the old limit again
+    assert wait_until_gone(before) == before
+
+
+@needs_cgroups
+def test_balanced_charges_the_starved_ranks_sync_and_gives_it_less_compute(tmp_path):
+    # Every rank reports its cgroup's limit and its sync phase's CPU; rank 3 at 0.1 of a core pays
+    # its ~4 ms of sync CPU ten times slower than a free core would, so balanced gives it the
+    # fewest samples it can (the split that equalises compute alone gives it 8-12 of 128; with
+    # MPI's spinning waits the work is the least sync CPU of any rank, here rank 3's).
+    run = [a if a != "equal" else "balanced" for a in RUN]
+    proc = horovodrun(
+        4,
+        bno_cmd(*run, "--updates", "40", "--rebalance-every", "10", "--cpu-quota", QUOTAS, "--log-dir", str(tmp_path)),
+        timeout=300,
+    )
+    assert_ok(proc)
+    steps = steps_from_json(json.loads((tmp_path / "ranks.json").read_text()))
+    last = [r[-1].batch for r in steps]
+    print(f"balanced under quotas {QUOTAS}: batch sizes at the end {last}")
+    assert sum(last) == 128 and last[3] <= 3

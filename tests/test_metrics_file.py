@@ -51,11 +51,14 @@ def test_round_trip_with_optional_fields(tmp_path):
         latency=[[0, 2e-4], [2e-4, 0]],
         compute_samples=[[(16, 0.5)], []],
         max_batch=[None, 64],
+        sync_cpu=[0.004, None],
+        cpu_limit=[None, 0.17],
     )
     back = load_metrics_file(write(tmp_path, metrics_to_json(m)))
     assert metrics_to_json(back) == metrics_to_json(m)
     assert back.ops == [10.0, None] and back.max_batch == [None, 64]
     assert back.compute_samples == [[(16, 0.5)], []]
+    assert back.sync_cpu == [0.004, None] and back.cpu_limit == [None, 0.17]
 
 
 def test_small_asymmetry_within_tolerance_is_accepted(tmp_path):
@@ -116,6 +119,10 @@ BAD = [
     ("max_batch length", with_(max_batch=[1, 2]), "'max_batch' has 2 entries"),
     ("samples pair", with_(compute_samples=[[[16]], [], [], []]), "compute_samples[0][0]"),
     ("samples length", with_(compute_samples=[[]]), "'compute_samples' must be a list of 4"),
+    ("sync_cpu negative", with_(sync_cpu=[0.004, -1, None, None]), "sync_cpu[1] is -1"),
+    ("sync_cpu length", with_(sync_cpu=[0.004]), "'sync_cpu' has 1 entries"),
+    ("cpu_limit zero", with_(cpu_limit=[None, 0, None, None]), "cpu_limit[1] is 0"),
+    ("cpu_limit string", with_(cpu_limit=[None, "half", None, None]), 'cpu_limit[1] is "half"'),
 ]
 
 

@@ -11,7 +11,7 @@ Usage::
 """
 
 from ..errors import UsageError
-from .balanced import BalancedStrategy, fit_affine, latency_offsets, solve_equal_finish
+from .balanced import BalancedStrategy, latency_offsets
 from .baselines import (
     EqualStrategy,
     FixedStrategy,
@@ -21,6 +21,7 @@ from .baselines import (
     RandomStrategy,
 )
 from .bno import BNOStrategy
+from .fitting import fit_affine, solve_equal_finish
 from .metrics import ClusterMetrics, usable_ranks
 from .metrics_file import load_metrics_file, metrics_to_json
 from .paper import bno_batch_sizes, compute_k, memory_weights, network_weights

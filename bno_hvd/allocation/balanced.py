@@ -29,6 +29,20 @@ over the last ``arrival_window`` updates (default 64), less ``noise_sigmas`` sta
 ``arrival_weight``, default 1; 0 disables), and the rank's share is cut so that it arrives that
 much earlier. Emulated or evenly fast ranks have no penalty, also when the allreduce jitters.
 
+Throttled sync. Under a CPU limit below one core (a cgroup quota: a container's CPU limit, a
+neighbour's share, ``--cpu-quota``), a rank pays its part of the allreduce at its limit's rate,
+and every rank waits for it. Each rank reports its cgroup's limit and the CPU of its sync phases;
+:func:`throttle_offsets` charges a throttled rank the extra time (option ``throttle_weight``,
+default 1; 0 disables), so it gets less compute and starts the sync early enough (BENCHMARKS.md
+9.9: ~20% faster updates than the split that equalises compute). Unthrottled ranks get nothing.
+
+Probes. At one batch size a rank's fixed cost and cost per sample cannot be told apart, and the
+origin fit makes a rank held small look slower per sample than it is. A rank far below the mean
+share that has sat at one size for ``probe_every`` rebalances (default 3; 0 disables), and that
+the fits want larger by less than the noise threshold, gets half the way there for one interval
+(:meth:`_probe`); the shape of the fit it then gets (fixed cost in samples) is kept and splits
+its later single-size times (:meth:`_fit`).
+
 Latency. A rank on a slow link receives its allreduce data later, so it should finish compute
 earlier. We add to ``a_i`` the rank's mean measured round trip to the other ranks minus the
 cluster minimum of that mean, scaled by option ``latency_weight`` (default 1; 0 disables).
@@ -58,6 +72,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import UsageError
+from .fitting import fit_affine, fit_noise, passes, solve_equal_finish, step_time
 from .metrics import ClusterMetrics
 from .rounding import round_to_total
 from .strategy import Strategy
@@ -74,178 +89,6 @@ def sigmas_for(n_ranks: int, false_moves: float = 0.05) -> float:
     return NormalDist().inv_cdf(1.0 - false_moves / max(int(n_ranks), 1))
 
 
-def passes(b, cap):
-    """Forward/backward passes a batch of ``b`` samples takes under a memory cap (None: one)."""
-    b = np.asarray(b, dtype=float)
-    if cap is None:
-        return np.ones_like(b)
-    cap = np.asarray([np.inf if c is None else float(c) for c in np.atleast_1d(cap)]) if np.ndim(cap) else float(cap)
-    return np.where(np.isfinite(cap), np.ceil(b / np.where(np.isfinite(cap), cap, 1.0)), 1.0)
-
-
-def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float, float] | None:
-    """Least-squares ``(a, c)`` for ``t = a * passes(b) + c * b`` over the last ``window`` (b, t) pairs.
-
-    ``passes(b) = ceil(b / cap)`` is the number of micro-batches a step of ``b`` samples takes
-    under the rank's memory cap (1 without a cap, where this is the affine fit ``t = a + c * b``):
-    ``a`` is the fixed cost of one forward/backward pass, ``c`` the cost of one sample. Pairs with
-    a non-finite or non-positive value, and outliers (time per sample more than 2x from the
-    window's median), are ignored; returns None if none remain.
-    """
-    pts = [
-        (float(b), float(t))
-        for b, t in list(samples)[-window:]
-        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
-    ]
-    if not pts:
-        return None
-    # A machine-wide hiccup (page faults, a noisy neighbour) can make one step several times
-    # slower on every rank; it says nothing about a rank's speed. Drop steps whose time per
-    # sample is more than 2x away from the window's median. A real slowdown becomes the median
-    # once it fills half the window, and then the old steps are the ones dropped.
-    med = float(np.median([t / b for b, t in pts]))
-    pts = [(b, t) for b, t in pts if med / 2 <= t / b <= 2 * med]
-    b = np.array([p[0] for p in pts])
-    t = np.array([p[1] for p in pts])
-    m = passes(b, cap)
-    x = np.column_stack([m, b])
-    if np.linalg.matrix_rank(x) == 2:
-        (a, c), *_ = np.linalg.lstsq(x, t, rcond=None)
-        if c > 0 and a >= 0 and c * b.mean() >= 1e-3 * a and _slope_resolved(x, t, a, c):
-            return float(a), float(c)
-    return 0.0, float((b * t).sum() / (b * b).sum())
-
-
-def _slope_resolved(x: np.ndarray, t: np.ndarray, a: float, c: float, max_rel_error: float = 0.5) -> bool:
-    """Whether the window pins the per-sample cost down: its standard error below half of ``c``.
-
-    Batch sizes close together (32 and 28 after a small move) under steps that jitter by a quota
-    period give a slope of any value - 9 ms fixed cost and 0.08 ms per sample was seen on equal
-    ranks - and extrapolating that to another size invents a gain. Then the origin fit is used.
-    With two points (or exact times) there is no spread to judge, and the fit stands."""
-    n = len(t)
-    if n <= 2:
-        return True
-    resid = t - x @ np.array([a, c])
-    sigma2 = float(resid @ resid) / (n - 2)
-    try:
-        var_c = sigma2 * float(np.linalg.inv(x.T @ x)[1, 1])
-    except np.linalg.LinAlgError:
-        return False
-    return math.sqrt(max(var_c, 0.0)) <= max_rel_error * c
-
-
-def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
-    """Relative standard error of a fit's mean predicted time: the residuals' spread over the
-    window, divided by sqrt(n) and by the mean time. Under a CPU quota single steps jitter by up
-    to a quota period (measured: 30-50% of a step), so a fit of 8 steps can be 15% off; moves
-    smaller than that noise would only chase it."""
-    pts = [
-        (float(b), float(t))
-        for b, t in list(samples)[-window:]
-        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
-    ]
-    if len(pts) < 3:
-        return 0.0
-    b = np.array([p[0] for p in pts])
-    t = np.array([p[1] for p in pts])
-    resid = t - (a * passes(b, cap) + c * b)
-    return float(resid.std(ddof=1) / math.sqrt(len(pts)) / t.mean())
-
-
-def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
-    """Predicted time of batches ``b``: ``a_i * passes(b_i) + c_i * b_i + offset_i``."""
-    b = np.asarray(b, dtype=float)
-    return np.asarray(a) * passes(b, caps) + np.asarray(c) * b + (0.0 if offsets is None else np.asarray(offsets))
-
-
-def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[float]:
-    """Real batch sizes ``b_i >= 1`` summing to ``total`` whose ranks finish together.
-
-    Rank i's time is ``a_i * ceil(b_i / cap_i) + c_i * b_i + offset_i`` (``caps``: memory caps in
-    samples per forward/backward pass, None = no cap: then ``a_i + c_i * b_i``; ``offsets``: seconds
-    per update that do not depend on the batch, such as a slower link). A share above the
-    cap is processed in micro-batches, each paying ``a_i`` again, so the equal-finish split accounts
-    for it instead of holding the rank at its cap. Every rank not held at 1 sample finishes at the
-    same ``T*`` (up to the jumps of the step function, where a rank stays at a multiple of its cap).
-
-    Usage::
-
-        solve_equal_finish([0.1, 0.2, 0.0, 0.05], [0.01, 0.02, 0.005, 0.01], 100)
-        # -> [17.78, 3.89, 55.56, 22.78]: every rank takes T* = 0.278 s
-        solve_equal_finish([0.01] * 4, [0.001, 0.001, 0.001, 0.003], 128, caps=[16] * 4)
-        # -> [37.33, 37.33, 37.33, 16.0]: 3 micro-batches on the fast ranks; one more pass on
-        #    the slow rank would cost more than it saves
-    """
-    a = np.asarray(a, dtype=float)
-    c = np.asarray(c, dtype=float)
-    n = a.size
-    if c.shape != (n,) or n == 0 or not (np.isfinite(a).all() and np.isfinite(c).all()) or (c <= 0).any():
-        raise UsageError("solve_equal_finish needs N finite a_i and N finite c_i > 0")
-    cap = np.full(n, np.inf) if caps is None else np.array([np.inf if m is None else float(m) for m in caps])
-    if cap.shape != (n,) or (cap < 1).any():
-        raise UsageError("caps needs one cap >= 1 (or None) per rank")
-    o = np.zeros(n) if offsets is None else np.asarray(offsets, dtype=float)
-    if o.shape != (n,) or not np.isfinite(o).all():
-        raise UsageError("offsets needs one finite number of seconds per rank")
-    if not n <= total:
-        raise UsageError(f"global batch {total} is smaller than {n} ranks x 1 sample; change the global batch")
-
-    def sizes(t: float) -> np.ndarray:
-        return np.maximum(_largest_batch(a, c, cap, t - o), 1.0)
-
-    # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect.
-    t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
-    t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
-    for _ in range(200):
-        mid = 0.5 * (t_lo + t_hi)
-        if mid <= t_lo or mid >= t_hi:
-            break
-        if sizes(mid).sum() < total:
-            t_lo = mid
-        else:
-            t_hi = mid
-    b = sizes(t_hi)
-    # Without caps the bisection fixes which ranks sit at 1 sample; the closed form gives T* exactly.
-    if caps is None or np.isinf(cap).all():
-        free = sizes(t_lo) > 1.0
-        if free.any():
-            t_star = (total - (~free).sum() + ((a[free] + o[free]) / c[free]).sum()) / (1.0 / c[free]).sum()
-            exact = sizes(t_star)
-            if abs(exact.sum() - total) <= 1e-9 * max(total, 1.0):
-                b = exact
-    # With caps, several ranks can sit on a jump (at k * cap) at T*: share out what is left.
-    if abs(b.sum() - total) > 1e-9 * max(total, 1.0):
-        low = sizes(t_lo)
-        gap = b - low
-        missing = total - low.sum()
-        b = low + gap * (missing / gap.sum()) if gap.sum() > 0 else low
-    # Exact up to float64: one step of T moves rank i by spacing(T) / c_i samples, which is more
-    # than 1e-6 of the total when a large fixed cost (a slow link) meets a tiny c.
-    resolution = len(b) * np.spacing(max(abs(t_lo), abs(t_hi))) / c.min()
-    assert abs(b.sum() - total) <= 1e-6 * max(total, 1.0) + 4 * resolution, (b.sum(), total)
-    return b.tolist()
-
-
-def _largest_batch(a: np.ndarray, c: np.ndarray, cap: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per rank, the largest real ``b`` with ``a * ceil(b / cap) + c * b <= t`` (0 if none)."""
-    t = np.broadcast_to(np.asarray(t, dtype=float), a.shape)
-    out = np.zeros_like(a)
-    plain = np.isinf(cap)
-    out[plain] = (t[plain] - a[plain]) / c[plain]
-    for i in np.flatnonzero(~plain):
-        # With k passes the batch is at most min(k * cap, (t - k a) / c), and needs more than
-        # (k - 1) * cap samples; the best k is near where k * cap = (t - k a) / c.
-        k_star = t[i] / (c[i] * cap[i] + a[i]) if c[i] * cap[i] + a[i] > 0 else 1.0
-        best = 0.0
-        for k in {max(1, int(math.floor(k_star)) + d) for d in (-1, 0, 1, 2)}:
-            candidate = min(k * cap[i], (t[i] - k * a[i]) / c[i])
-            if candidate > (k - 1) * cap[i]:
-                best = max(best, candidate)
-        out[i] = best
-    return np.maximum(out, 0.0)
-
-
 class BalancedStrategy(Strategy):
     """Fixed global batch, split so all ranks finish compute at the same time (see module doc)."""
 
@@ -258,6 +101,8 @@ class BalancedStrategy(Strategy):
         "window": 16,
         "noise_sigmas": None,  # None: sigmas_for(n_ranks), 2.24 for 4 ranks
         "arrival_window": 64,
+        "throttle_weight": 1.0,
+        "probe_every": 3,  # rebalances a small rank may sit at one batch size before a probe; 0: never
     }
     JUMP = 1.5
 
@@ -273,6 +118,9 @@ class BalancedStrategy(Strategy):
             _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
             self.sigmas = float(o["noise_sigmas"])
         _check_range("arrival_weight", o["arrival_weight"], 0.0, math.inf, "0 disables")
+        _check_range("throttle_weight", o["throttle_weight"], 0.0, math.inf, "0 disables")
+        if isinstance(o["probe_every"], bool) or not isinstance(o["probe_every"], int) or o["probe_every"] < 0:
+            raise UsageError(f"balanced probe_every must be an integer >= 0 (0 disables), got {o['probe_every']!r}")
         for key in ("window", "arrival_window"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not 1 <= o[key] <= 10**6:
                 raise UsageError(f"balanced {key} must be an integer in [1, 1000000], got {o[key]!r}")
@@ -281,6 +129,9 @@ class BalancedStrategy(Strategy):
         self.noise = np.zeros(self.n_ranks)  # relative standard error of each rank's last fit
         self.penalty = np.zeros(self.n_ranks)  # s a rank adds to the allreduce when it arrives last
         self.sync_rows: dict[int, list[float]] = {}  # update -> every rank's sync seconds (recent updates)
+        self.still = np.zeros(self.n_ranks, dtype=int)  # rebalances each rank has sat at one batch size
+        self.shape = np.full(self.n_ranks, np.nan)  # a_i / c_i of each rank's last resolved fit (samples)
+        self.last_probe: int | None = None  # the rank the last probe gave more samples (for logs and tests)
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
@@ -320,11 +171,50 @@ class BalancedStrategy(Strategy):
         self.penalty = np.where(np.isfinite(seen), seen, self.penalty)  # never last: keep the estimate
         offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
         offsets = offsets + float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min())
+        offsets = offsets + float(self.options["throttle_weight"]) * throttle_offsets(
+            metrics.sync_cpu, metrics.cpu_limit
+        )
         caps = metrics.max_batch
         target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
         sizes = round_to_total(target, self.global_batch, 1)
         model = (a, c, caps, offsets)
-        return list(current) if self._within_deadband(sizes, current, model) else sizes
+        self.last_probe = None
+        if not self._within_deadband(sizes, current, model):
+            self.still[:] = 0
+            return sizes
+        return self._probe(metrics, list(current), sizes)
+
+    def _probe(self, metrics: ClusterMetrics, current: list[int], proposed: list[int]) -> list[int]:
+        """``current``, or a probe: more samples for a small rank that has sat at one batch size.
+
+        At one batch size a rank's fixed cost and its cost per sample cannot be told apart, and
+        the fit through the origin charges all of it per sample: a rank held small looks slower
+        per sample than it is, and the split never tests otherwise (seen: a rank kept at 6 of 128
+        samples after its neighbour left, BENCHMARKS.md 9.3). So when the split the fits propose
+        gives such a rank more samples, but too few to beat the noise threshold, and the rank
+        has sat at one size for ``probe_every`` rebalances below half the mean share, it gets
+        half the way to the proposal (at least one sample, taken from the largest ranks) for
+        one interval: the next fit sees two sizes. A rank the fits want smaller (a throttled one,
+        rightly held small) and ranks near the mean share (equal ranks) are never probed."""
+        window = self.options["window"]
+        one_size = np.array([len({b for b, _ in list(s)[-window:]}) == 1 for s in metrics.compute_samples])
+        self.still = np.where(one_size, self.still + 1, 0)
+        every = int(self.options["probe_every"])
+        now, wanted = np.array(current), np.array(proposed)
+        small = (self.still >= every) & (now < 0.5 * self.global_batch / self.n_ranks) & (wanted > now)
+        if every == 0 or sum(current) != self.global_batch or not small.any():
+            return current
+        rank = int(np.flatnonzero(small)[np.argmin(now[small])])
+        sizes = list(current)
+        for _ in range(max(1, math.ceil((wanted[rank] - now[rank]) / 2))):
+            donor = int(np.argmax([b if i != rank else -1 for i, b in enumerate(sizes)]))
+            if sizes[donor] <= 1:
+                break
+            sizes[donor] -= 1
+            sizes[rank] += 1
+        self.still[rank] = 0
+        self.last_probe = rank
+        return sizes
 
     def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.options["window"]
@@ -333,9 +223,20 @@ class BalancedStrategy(Strategy):
         noise = np.zeros(self.n_ranks)
         for i, (samples, cap) in enumerate(zip(metrics.compute_samples, metrics.max_batch)):
             fit = fit_affine(samples, window, cap)
-            if fit is not None:
-                a[i], c[i] = fit
-                noise[i] = fit_noise(samples, window, cap, *fit)
+            if fit is None:
+                continue
+            sizes = {float(b) for b, _ in list(samples)[-window:]}
+            if fit[0] > 0:
+                self.shape[i] = fit[0] / fit[1]  # resolved: remember its fixed cost in samples
+            elif len(sizes) == 1 and np.isfinite(self.shape[i]):
+                # One size: the origin fit would charge the fixed cost per sample. Split the time
+                # by the shape this rank showed when it last ran two sizes (under a CPU quota
+                # fixed and per-sample costs scale together, so the shape outlives a new quota).
+                b = sizes.pop()
+                fixed = self.shape[i] * float(passes(b, cap))
+                fit = (fit[1] * b * self.shape[i] / (fixed + b), fit[1] * b / (fixed + b))
+            a[i], c[i] = fit
+            noise[i] = fit_noise(samples, window, cap, *fit)
         ops = metrics.ops_array()
         use_ops = np.isnan(c) & np.isfinite(ops) & (ops > 0)
         a[use_ops] = 0.0
@@ -364,6 +265,8 @@ class BalancedStrategy(Strategy):
             "c": enc(self.c),
             "penalty": enc(self.penalty),
             "sync_rows": rows,
+            "still": [int(x) for x in self.still],
+            "shape": enc(self.shape),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -372,6 +275,8 @@ class BalancedStrategy(Strategy):
         self.c = np.array([np.nan if v is None else float(v) for v in state["c"]])
         self.penalty = np.array([0.0 if v is None else float(v) for v in state.get("penalty", [0.0] * self.n_ranks)])
         self.sync_rows = {int(u): [float(x) for x in row] for u, row in state.get("sync_rows", [])}
+        self.still = np.array(state.get("still", [0] * self.n_ranks), dtype=int)
+        self.shape = np.array([np.nan if v is None else float(v) for v in state.get("shape", [None] * self.n_ranks)])
 
 
 def arrival_penalties(sync_samples, min_count: int = 3, sigmas: float = 2.0) -> np.ndarray:
@@ -423,6 +328,33 @@ def penalties_from_rows(sync: np.ndarray, min_count: int = 3, sigmas: float = 2.
             se = math.sqrt(own.var(ddof=1) / own.size + others.var(ddof=1) / others.size)
             out[i] = max(0.0, float(own.mean() - others.mean()) - sigmas * se)
     return out
+
+
+def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
+    """Seconds each rank under a CPU limit needs for its part of the sync, beyond the least of them.
+
+    The sync phase costs every rank CPU: its part of the ring (the same on every rank), Horovod's
+    negotiation, the wake-ups while it waits. Under a limit of ``L < 1`` cores a rank gets that CPU
+    at rate ``L``, so its part takes ``w * (1 / L - 1)`` longer than on a free core, and every rank
+    waits for it. ``w`` is the least CPU any rank spent in its sync phases (``sync_cpu``: each
+    rank's median per update): what a rank spends beyond that is waiting, and a waiting rank that
+    spins (MPI's busy polling: 50-100 ms of CPU per update on the fast ranks) is not working.
+    Giving a throttled rank less compute lets it start the sync early enough: under quotas
+    0.5,0.5,0.5,0.17 the update is ~20% faster with the starved rank at 1-4 samples than at the
+    split that equalises compute finish times (BENCHMARKS.md 9.9). Ranks without a limit (or
+    without a measurement) get 0, so emulated and unthrottled runs are unchanged; equal limits
+    give equal offsets, which change no split.
+    """
+    n = len(sync_cpu)
+    measured = [x for x in sync_cpu if x is not None and math.isfinite(x) and x >= 0]
+    need = np.zeros(n)
+    if not measured:
+        return need
+    work = min(measured)
+    for i, limit in enumerate(cpu_limit):
+        if limit is not None and 0 < limit < 1:
+            need[i] = work * (1.0 / limit - 1.0)
+    return need - need.min()
 
 
 def latency_offsets(latency: np.ndarray) -> np.ndarray:

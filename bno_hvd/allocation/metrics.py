@@ -1,7 +1,8 @@
 """What rank 0 knows about the cluster at a rebalance: :class:`ClusterMetrics`.
 
 Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (measured round
-trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples.
+trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples,
+``sync_cpu`` in CPU seconds per update (a rank's sync phase), ``cpu_limit`` in cores.
 
 Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.parsing`): ops 0, or 1e-3
 to 1e9 samples/s (a non-zero rate below that is noise, and its reciprocal overflows); memory 0 to
@@ -27,7 +28,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..parsing import BATCH, CAP, LATENCY, MEMORY, OPS, STEP_SECONDS, Range, as_float, show_value
+from ..parsing import (
+    BATCH,
+    CAP,
+    CPU_LIMIT,
+    CPU_SECONDS,
+    LATENCY,
+    MEMORY,
+    OPS,
+    STEP_SECONDS,
+    Range,
+    as_float,
+    show_value,
+)
 
 SYMMETRY_RTOL = 0.5
 SYMMETRY_ATOL = 1e-3  # seconds
@@ -51,6 +64,8 @@ class ClusterMetrics:
     compute_samples: list = field(default_factory=list)  # per rank [(batch_size, seconds), ...]
     max_batch: list = field(default_factory=list)  # per rank batch cap, None = no cap
     sync_samples: list = field(default_factory=list)  # per rank [(update, sync seconds), ...]
+    sync_cpu: list = field(default_factory=list)  # per rank CPU seconds of one sync phase, None = unknown
+    cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.
@@ -60,6 +75,10 @@ class ClusterMetrics:
             self.max_batch = [None] * self.n
         if len(self.sync_samples) == 0:
             self.sync_samples = [[] for _ in range(self.n)]
+        if len(self.sync_cpu) == 0:
+            self.sync_cpu = [None] * self.n
+        if len(self.cpu_limit) == 0:
+            self.cpu_limit = [None] * self.n
 
     @property
     def n(self) -> int:
@@ -85,7 +104,7 @@ class ClusterMetrics:
         n = self.n
         if n < 1:
             raise UsageError("metrics: 'ops' is empty; give one value per rank")
-        for name in ("memory_used", "compute_samples", "max_batch"):
+        for name in ("memory_used", "compute_samples", "max_batch", "sync_cpu", "cpu_limit"):
             got = len(getattr(self, name))
             if got != n:
                 raise UsageError(f"metrics: '{name}' has {got} entries but 'ops' has {n}; give one per rank")
@@ -105,6 +124,10 @@ class ClusterMetrics:
                 raise UsageError(
                     f"metrics: max_batch[{i}] is {show_value(cap)}; use an integer {CAP.describe()} or null (no cap)"
                 )
+        for name, bounds in (("sync_cpu", CPU_SECONDS), ("cpu_limit", CPU_LIMIT)):
+            for i, x in enumerate(getattr(self, name)):
+                if x is not None and (isinstance(x, bool) or not bounds.contains(as_float(x))):
+                    raise UsageError(f"metrics: {name}[{i}] is {show_value(x)}; use {bounds.describe()} or null")
         for i, pairs in enumerate(self.compute_samples):
             for k, (b, t) in enumerate(pairs):
                 b, t = as_float(b), as_float(t)

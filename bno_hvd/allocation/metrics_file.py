@@ -7,7 +7,9 @@ Format (one entry per rank, index = rank)::
      "latency": [[0, 1e-4, 2e-4], ...],     # NxN round trips in seconds, zero diagonal, symmetric
                                             # or, sampled (large N): {"pairs": [[i, j, seconds], ...]}
      "max_batch": [null, 64, null],         # optional: per-rank batch cap
-     "compute_samples": [[[32, 0.21]], ...]} # optional: per-rank (batch, seconds) pairs
+     "compute_samples": [[[32, 0.21]], ...], # optional: per-rank (batch, seconds) pairs
+     "sync_cpu": [0.004, 0.004, 0.005],     # optional: CPU seconds of one sync phase; null = unknown
+     "cpu_limit": [null, 0.5, 0.17]}        # optional: the rank's cgroup CPU limit in cores; null = none
 
 Every problem becomes one :class:`UsageError` line that names the file and the field. The file
 is read by :func:`bno_hvd.parsing.read_json` (binary, deeply nested or huge files are refused
@@ -30,7 +32,7 @@ from ..parsing import as_float, read_json, show_path, show_value
 from .metrics import ClusterMetrics
 
 REQUIRED = ("ops", "memory_used", "latency")
-OPTIONAL = ("max_batch", "compute_samples")
+OPTIONAL = ("max_batch", "compute_samples", "sync_cpu", "cpu_limit")
 
 
 def load_metrics_file(path) -> ClusterMetrics:
@@ -59,6 +61,10 @@ def metrics_to_json(metrics: ClusterMetrics) -> dict:
         out["max_batch"] = [None if cap is None else int(cap) for cap in metrics.max_batch]
     if any(len(s) for s in metrics.compute_samples):
         out["compute_samples"] = [[[int(b), float(t)] for b, t in s] for s in metrics.compute_samples]
+    for key in ("sync_cpu", "cpu_limit"):
+        values = getattr(metrics, key)
+        if any(x is not None for x in values):
+            out[key] = [None if x is None else float(x) for x in values]
     return out
 
 
@@ -85,6 +91,10 @@ def _parse(data) -> ClusterMetrics:
         kwargs["max_batch"] = [None if c is None else _int(f"max_batch[{i}]", c) for i, c in enumerate(caps)]
     if data.get("compute_samples") is not None:
         kwargs["compute_samples"] = _samples(data["compute_samples"], n)
+    for key in ("sync_cpu", "cpu_limit"):  # ranges: ClusterMetrics.validate()
+        if data.get(key) is not None:
+            kwargs[key] = _numbers(key, data[key], allow_null=True)
+            _expect_len(key, kwargs[key], n)
     metrics = ClusterMetrics(ops=ops, memory_used=memory, latency=latency, **kwargs)
     metrics.validate()
     return metrics

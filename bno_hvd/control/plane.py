@@ -26,6 +26,8 @@ class RankReport:
     warnings: list[str] = field(default_factory=list)  # this rank's new warnings, for rank 0 to show
     recent_steps: list = field(default_factory=list)  # (update, RankStep) since the last report, if a hook sends them
     sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
+    sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
+    cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -52,6 +54,8 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         compute_samples=[list(r.compute_samples) for r in reports],
         max_batch=[r.max_batch for r in reports],
         sync_samples=[list(r.sync_samples) for r in reports],
+        sync_cpu=[r.sync_cpu for r in reports],
+        cpu_limit=[r.cpu_limit for r in reports],
     )
 
 

@@ -146,6 +146,7 @@ class Balancer:
         self.window = StepWindow(window)
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds), for rank 0
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase, for rank 0
+        self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
         self.fixed_lag = lag
         initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
         self.plan = AllocationPlan(initial, lag=lag or 1)
@@ -246,6 +247,7 @@ class Balancer:
         )
         self.syncs.append((step.update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
+        self.cpu_use.append((stats.cpu_seconds, now - self._t0))
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
         self._step = None
@@ -276,9 +278,19 @@ class Balancer:
             warnings=self.warnings.drain() if self.rank != 0 else [],
             sync_samples=list(self.syncs),
             sync_cpu=float(np.median(self.sync_cpus)) if self.sync_cpus else None,
-            cpu_limit=cpu_limit(),
+            cpu_limit=self._binding_cpu_limit(),
         )
         return self.report_filter(report, self.update) if self.report_filter else report
+
+    def _binding_cpu_limit(self) -> float | None:
+        """This rank's cgroup CPU limit (cores) if it binds: the rank used at least half of it over
+        its recent updates. A limit the rank does not run into (a GPU rank waiting on its device)
+        says nothing about how fast it does its part of the allreduce."""
+        limit = cpu_limit()
+        cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
+        if limit is None or wall <= 0 or cpu / wall < 0.5 * limit:
+            return None
+        return limit
 
     def rebalance(self):
         """Collective: gather, allocate on rank 0, broadcast; used from update ``done + lag - 1``."""

@@ -210,3 +210,41 @@ def test_balanced_charges_the_starved_ranks_sync_and_gives_it_less_compute(tmp_p
     last = [r[-1].batch for r in steps]
     print(f"balanced under quotas {QUOTAS}: batch sizes at the end {last}")
     assert sum(last) == 128 and last[3] <= 3
+
+
+@needs_cgroups
+def test_a_limit_counts_only_where_it_binds(tmp_path):
+    # A rank that sleeps (a GPU rank waiting on its device) under a limit of 0.5 of a core does its
+    # part of the allreduce at full speed: it reports no limit. The same rank computing reports it.
+    script = (
+        "import time\n"
+        "from mpi4py import MPI\n"
+        "from bno_hvd import Balancer\n"
+        "from bno_hvd.allocation import make_strategy\n"
+        "from bno_hvd.cpuquota import CpuQuotaHook\n"
+        "from bno_hvd.parsing import RankSchedule\n"
+        "hook = CpuQuotaHook(RankSchedule.constant([0.5]), 0)\n"
+        "hook.start(None)\n"
+        "bal = Balancer(MPI.COMM_SELF, make_strategy('balanced', 1, 8), 1000, rebalance_every=1000)\n"
+        "def steps(work):\n"
+        "    for _ in range(20):\n"
+        "        bal.start_step()\n"
+        "        work()\n"
+        "        bal.end_compute()\n"
+        "        bal.end_step()\n"
+        "    return bal.report().cpu_limit\n"
+        "def spin():\n"
+        "    end = time.process_time() + 0.01\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "waiting = steps(lambda: time.sleep(0.01))\n"
+        "computing = steps(spin)\n"
+        "hook.close()\n"
+        "print(waiting, computing)\n"
+    )
+    before = our_cgroups()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    waiting, computing = proc.stdout.split()[-2:]
+    assert waiting == "None" and float(computing) == pytest.approx(0.5)
+    assert wait_until_gone(before) == before

@@ -89,6 +89,7 @@ class StepStats:
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
     rank_steps: list | None = None  # at a rebalance, on rank 0: every rank's RankReport.recent_steps
+    rebalance_note: str | None = None  # at a rebalance, on rank 0: why it moved, if not to the fit (a probe)
 
     def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
         return RankStep(
@@ -259,6 +260,7 @@ class Balancer:
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
             stats.rank_memory, stats.rank_steps = result.memory_used, result.recent_steps
+            stats.rebalance_note = result.note
         self._last_end = time.perf_counter()
         return stats
 

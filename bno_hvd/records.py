@@ -37,6 +37,7 @@ class UpdateRecord:
     rebalance_time: float = 0.0  # s, rank 0's time in the control plane after this update
     base_global_batch: int = 0  # N * B, what the learning rate refers to
     rank_memory: list | None = None  # at a rebalance: every rank's memory in use (bytes; None = unknown)
+    rebalance_note: str | None = None  # at a rebalance that probed: what and why (see allocation.balanced)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -109,6 +109,7 @@ def make_record(step, stats, loss: float, lr: float, clock: Stopwatch, base_glob
         rebalance_time=stats.rebalance_seconds,
         base_global_batch=base_global,
         rank_memory=stats.rank_memory,
+        rebalance_note=stats.rebalance_note,
     )
 
 

@@ -104,6 +104,15 @@ def test_a_rank_stuck_at_a_small_size_is_probed_until_it_is_back():
     assert set(probes) == {None, 3} and history[-1][3] >= 16  # back above half the mean share
 
 
+def test_a_probe_says_so_in_the_rebalance_note():
+    strategy = make_strategy("balanced", 4, 32)
+    history, probes = run(strategy, [41, 40, 41, 6], 3, **LEFT)
+    assert probes[-1] == 3 and history[-1][3] > 6
+    assert strategy.last_note.startswith(f"probe: rank 3 from 6 to {history[-1][3]} samples (one batch size for 3")
+    history, probes = run(strategy, history[-1], 1, **LEFT)
+    assert probes == [None] and strategy.last_note is None  # reset at every rebalance
+
+
 def test_without_probes_the_same_rank_stays_stuck():
     control, probes = run(make_strategy("balanced", 4, 32, probe_every=0), [41, 40, 41, 6], 20, **LEFT)
     assert all(h[3] == 6 for h in control) and set(probes) == {None}  # the same noise, no probe

@@ -212,6 +212,10 @@ class BalancedStrategy(Strategy):
                 break
             sizes[donor] -= 1
             sizes[rank] += 1
+        self.last_note = (
+            f"probe: rank {rank} from {current[rank]} to {sizes[rank]} samples "
+            f"(one batch size for {self.still[rank]} rebalances; the fits propose {proposed[rank]})"
+        )
         self.still[rank] = 0
         self.last_probe = rank
         return sizes

@@ -60,6 +60,7 @@ class Strategy:
         self.seed = int(seed)
         self.options = {**self.OPTIONS, **options}
         self.last_warning: str | None = None
+        self.last_note: str | None = None  # why this rebalance moved, when it is not the fit's split (a probe)
 
     @property
     def changes_global_batch(self) -> bool:
@@ -92,6 +93,7 @@ class Strategy:
     def _begin(self, metrics: ClusterMetrics, current: list[int]) -> None:
         """Reset ``last_warning`` and check sizes; call first in every ``rebalance``."""
         self.last_warning = None
+        self.last_note = None
         if metrics.n != self.n_ranks:
             raise UsageError(f"metrics describe {metrics.n} ranks but the strategy has {self.n_ranks}")
         if len(current) != self.n_ranks or any(int(b) < 1 for b in current):

@@ -66,6 +66,7 @@ class RebalanceResult:
     warnings: list[str] = field(default_factory=list)  # rank 0: the strategy's and every rank's
     memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
     recent_steps: list | None = None  # rank 0: every rank's RankReport.recent_steps
+    note: str | None = None  # rank 0: why the strategy moved, when not to its fit's split (a probe)
 
 
 class ControlPlane:
@@ -92,15 +93,16 @@ class ControlPlane:
         """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
         t0 = time.perf_counter()
         reports = self.gather(report)
-        sizes, warnings, memory, recent = None, [], None, None
+        sizes, warnings, memory, recent, note = None, [], None, None, None
         if self.rank == 0:
             sizes, warning = allocate_on_root(strategy, reports, current, update)
+            note = getattr(strategy, "last_note", None) if sizes != list(current) else None
             warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
             memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
             recent = [r.recent_steps for r in reports]
         sizes = self.broadcast(sizes)
         assert len(sizes) == self.size and all(b >= 1 for b in sizes)
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note)
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):

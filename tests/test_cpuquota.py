@@ -173,6 +173,14 @@ def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
     assert wait_until_gone(before) == before  # the reaper removed the killed rank's group too
 
 
+def run_python(script):
+    """Run ``script`` in a fresh Python; returns the finished process and our cgroups before it."""
+    before = our_cgroups()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc, before
+
+
 @needs_cgroups
 def test_a_rank_reads_the_limit_of_the_cgroup_it_runs_in(tmp_path):
     script = (
@@ -185,9 +193,7 @@ def test_a_rank_reads_the_limit_of_the_cgroup_it_runs_in(tmp_path):
         "hook.close()\n"
         "print(outside, inside, cpu_limit())\n"
     )
-    before = our_cgroups()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc, before = run_python(script)
     outside, inside, after = proc.stdout.split()
     assert float(inside) == pytest.approx(0.25) and outside == after  # back home: the old limit again
     assert wait_until_gone(before) == before
@@ -242,9 +248,7 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
         "hook.close()\n"
         "print(waiting, computing)\n"
     )
-    before = our_cgroups()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    proc, before = run_python(script)
     waiting, computing = proc.stdout.split()[-2:]
     assert waiting == "None" and float(computing) == pytest.approx(0.5)
     assert wait_until_gone(before) == before

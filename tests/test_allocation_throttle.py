@@ -124,6 +124,27 @@ def test_a_rank_the_fits_want_small_is_not_probed():
     assert set(probes) == {None} and all(h[3] <= 2 for h in history)
 
 
+def test_a_rank_whose_limit_rose_is_probed_at_once():
+    # the neighbour leaves: rank 3, held at 1 sample under 0.17 of a core, is as fast as the others
+    strategy = make_strategy("balanced", 4, 32)
+    held = run(strategy, [43, 42, 42, 1], 3, **STARVED)[0][-1]
+    assert held[3] <= 2
+    free = dict(LEFT, limits=[0.5] * 4)
+    copy = make_strategy("balanced", 4, 32)
+    copy.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    history, probes = run(strategy, held, 12, **free)
+    assert probes[0] == 3 and history[1][3] > held[3]  # the first rebalance after the change
+    run(copy, held, 1, **free)  # (the same rebalance, on a copy: its note)
+    assert "(its CPU limit changed from 0.17 of a core to 0.5 of a core;" in copy.last_note
+    # control: the same speeds, but no limit reported (nothing says the rank changed): it waits
+    # probe_every rebalances at one size before its first probe
+    control, probes = run(make_strategy("balanced", 4, 32), held, 12, **dict(LEFT, limits=[None] * 4))
+    assert probes.index(3) == 2
+    back = [next(k for k, h in enumerate(hist) if h[3] >= 12) for hist in (history, control)]
+    assert back[0] < back[1], back  # above 12 samples sooner
+    assert history[-1][3] >= 16 and control[-1][3] >= 16  # both back above half the mean share in the end
+
+
 def test_probe_state_survives_a_checkpoint():
     strategy = make_strategy("balanced", 4, 32, probe_every=50)
     run(strategy, [41, 40, 41, 6], 4, **LEFT)
@@ -131,4 +152,8 @@ def test_probe_state_survives_a_checkpoint():
     again = make_strategy("balanced", 4, 32, probe_every=50)
     again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
     assert again.still.tolist() == strategy.still.tolist() == [4] * 4
+    assert again.limits.tolist() == [0.5] * 4 and again.limit_notes == {}
+    strategy.limits[2], strategy.limit_notes[1] = np.inf, "its CPU limit changed from none to 0.5 of a core"
+    again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert again.limits[2] == np.inf and again.limit_notes == strategy.limit_notes
     np.testing.assert_array_equal(again.shape, strategy.shape)

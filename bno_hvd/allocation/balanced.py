@@ -132,9 +132,16 @@ class BalancedStrategy(Strategy):
         self.still = np.zeros(self.n_ranks, dtype=int)  # rebalances each rank has sat at one batch size
         self.shape = np.full(self.n_ranks, np.nan)  # a_i / c_i of each rank's last resolved fit (samples)
         self.last_probe: int | None = None  # the rank the last probe gave more samples (for logs and tests)
+        self.limits = np.full(self.n_ranks, np.nan)  # each rank's CPU limit at the last rebalance; inf = none
+        self.limit_notes: dict[int, str] = {}  # ranks whose limit changed since they last sat at one size
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
+        limits = np.array([np.inf if x is None else float(x) for x in metrics.cpu_limit])
+        for i in np.flatnonzero(limit_changed(self.limits, limits)):
+            change = f"from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}"
+            self.limit_notes[int(i)] = f"its CPU limit changed {change}"
+        self.limits = limits
         a_fit, c_fit, noise = self._fit(metrics)
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
@@ -200,6 +207,12 @@ class BalancedStrategy(Strategy):
         one_size = np.array([len({b for b, _ in list(s)[-window:]}) == 1 for s in metrics.compute_samples])
         self.still = np.where(one_size, self.still + 1, 0)
         every = int(self.options["probe_every"])
+        # A rank whose CPU limit changed (a neighbour left or arrived) runs at a new speed, which its
+        # one-size fit cannot resolve: it may be probed as soon as it sits at one size, instead of
+        # after `every` rebalances there.
+        changed = np.array([i in self.limit_notes for i in range(self.n_ranks)]) & one_size
+        self.still = np.where(changed, np.maximum(self.still, every), self.still)
+        notes = {i: self.limit_notes.pop(i) for i in np.flatnonzero(changed).tolist()}
         now, wanted = np.array(current), np.array(proposed)
         small = (self.still >= every) & (now < 0.5 * self.global_batch / self.n_ranks) & (wanted > now)
         if every == 0 or sum(current) != self.global_batch or not small.any():
@@ -212,9 +225,10 @@ class BalancedStrategy(Strategy):
                 break
             sizes[donor] -= 1
             sizes[rank] += 1
+        why = notes.get(rank, f"one batch size for {self.still[rank]} rebalances")
         self.last_note = (
             f"probe: rank {rank} from {current[rank]} to {sizes[rank]} samples "
-            f"(one batch size for {self.still[rank]} rebalances; the fits propose {proposed[rank]})"
+            f"({why}; the fits propose {proposed[rank]})"
         )
         self.still[rank] = 0
         self.last_probe = rank
@@ -271,6 +285,8 @@ class BalancedStrategy(Strategy):
             "sync_rows": rows,
             "still": [int(x) for x in self.still],
             "shape": enc(self.shape),
+            "limits": [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits],
+            "limit_notes": {str(i): note for i, note in self.limit_notes.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -281,6 +297,9 @@ class BalancedStrategy(Strategy):
         self.sync_rows = {int(u): [float(x) for x in row] for u, row in state.get("sync_rows", [])}
         self.still = np.array(state.get("still", [0] * self.n_ranks), dtype=int)
         self.shape = np.array([np.nan if v is None else float(v) for v in state.get("shape", [None] * self.n_ranks)])
+        limits = state.get("limits", [None] * self.n_ranks)
+        self.limits = np.array([np.nan if v is None else (np.inf if v == "none" else float(v)) for v in limits])
+        self.limit_notes = {int(i): str(note) for i, note in state.get("limit_notes", {}).items()}
 
 
 def arrival_penalties(sync_samples, min_count: int = 3, sigmas: float = 2.0) -> np.ndarray:
@@ -332,6 +351,21 @@ def penalties_from_rows(sync: np.ndarray, min_count: int = 3, sigmas: float = 2.
             se = math.sqrt(own.var(ddof=1) / own.size + others.var(ddof=1) / others.size)
             out[i] = max(0.0, float(own.mean() - others.mean()) - sigmas * se)
     return out
+
+
+def limit_changed(before: np.ndarray, now: np.ndarray, tolerance: float = 0.1) -> np.ndarray:
+    """Per rank: did its CPU limit (cores; inf = none binding) change by more than ``tolerance``
+    (relative) since the last rebalance? NaN before = not seen yet: no change."""
+    seen = ~np.isnan(before)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(np.isfinite(before) & np.isfinite(now), now / np.where(np.isfinite(before), before, 1.0), 1.0)
+    moved = np.isfinite(before) != np.isfinite(now)
+    return seen & (moved | (np.abs(np.log(ratio)) > np.log1p(tolerance)))
+
+
+def fmt_limit(limit: float) -> str:
+    """A CPU limit for a note: ``0.17 of a core``, or ``none`` (no binding limit)."""
+    return "none" if not np.isfinite(limit) else f"{limit:.2g} of a core"
 
 
 def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:

@@ -138,6 +138,38 @@ def rebalance_count(rank_steps: list[list[RankStep]], warmup: int = 0) -> int:
     return sum(1 for s in rank_steps[0][warmup:] if s.rebalance > 0)
 
 
+@dataclass
+class Move:
+    """A change of the split: from ``update`` on, the ranks run ``sizes``; ``note`` says why when the
+    strategy did not simply follow its fit (a probe, see allocation.balanced)."""
+
+    update: int
+    sizes: list[int]
+    note: str | None = None
+
+
+def moves(records: list[UpdateRecord]) -> list[Move]:
+    """Every change of the split in a run, in order (the rebalance after update ``u`` decides the
+    sizes of ``u + 1``; its note is logged on ``u``'s record)."""
+    return [
+        Move(cur.update, list(cur.batch_sizes), prev.rebalance_note)
+        for prev, cur in zip(records, records[1:])
+        if list(cur.batch_sizes) != list(prev.batch_sizes)
+    ]
+
+
+def format_moves(changes: list[Move], limit: int = 12) -> str:
+    """One line per move (the first ``limit - 1`` and the last when there are more)."""
+    shown = changes if len(changes) <= limit else changes[: limit - 1] + [None] + changes[-1:]
+    lines = []
+    for m in shown:
+        if m is None:
+            lines.append(f"... {len(changes) - limit} more")
+            continue
+        lines.append(f"update {m.update:>6}: {','.join(map(str, m.sizes))}" + (f"  {m.note}" if m.note else ""))
+    return "\n".join(lines)
+
+
 def with_speedups(summaries: list[BenchSummary]) -> list[BenchSummary]:
     equal = next((s for s in summaries if s.strategy == "equal"), None)
     for s in summaries:

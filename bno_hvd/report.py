@@ -198,6 +198,7 @@ def write_bench_outputs(
     title: str,
     breakdown: dict | None = None,
     recovery_vs_best: dict | None = None,
+    moves: dict | None = None,
 ) -> None:
     """bench.json, bench.csv, bench.png and one straggler picture per strategy."""
     rows = []
@@ -209,6 +210,8 @@ def write_bench_outputs(
             row["recovery_vs_best_intervals"] = recovery_vs_best[s.strategy]
         if breakdown:
             row["rank_breakdown"] = [dataclasses.asdict(b) for b in breakdown[s.strategy]]
+        if moves is not None:
+            row["moves"] = [dataclasses.asdict(m) for m in moves[s.strategy]]
         rows.append(row)
     write_json_atomic(os.path.join(out_dir, "bench.json"), rows)
     write_csv(

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from .atomic import write_json_atomic
 from .bench import (
     BenchSummary,
+    Move,
     RankBreakdown,
     best_plateaus,
+    moves,
     rank_breakdown,
     recovery_intervals,
     rolling_efficiency,
@@ -37,6 +39,7 @@ class BenchOutcome:
     changes: list[int] = field(default_factory=list)
     breakdown: dict[str, list[RankBreakdown]] = field(default_factory=dict)  # per strategy, per rank
     recovery_vs_best: dict[str, list] | None = None  # ... to 90% of the best strategy's plateau
+    moves: dict[str, list[Move]] = field(default_factory=dict)  # per strategy: every change of its split
 
 
 def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
@@ -70,11 +73,14 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
         limits = [0.9 * p for p in best_plateaus(eff, changes)]
         relative = {n: recovery_intervals(e, changes, every, limits) for n, e in eff.items()}
     breakdown = {n: rank_breakdown(r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()}
+    moved = {n: moves(r.records) for n, r in runs.items()}
     if out_dir:
         title = f"weight-update time per update ({base.model}, {world.size} ranks)"
         records = {n: r.records for n, r in runs.items()}
-        write_bench_outputs(out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative)
-    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative)
+        write_bench_outputs(
+            out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative, moved
+        )
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved)
 
 
 def run_experiment(

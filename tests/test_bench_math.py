@@ -5,8 +5,11 @@ import math
 import pytest
 
 from bno_hvd.bench import (
+    Move,
     control_seconds,
+    format_moves,
     ideal_throughput,
+    moves,
     recovery_intervals,
     rolling_efficiency,
     summarize,
@@ -105,3 +108,21 @@ def test_recovery_against_the_best_strategys_plateau():
     limits = [0.9 * p for p in best_plateaus({"fast": fast, "slow": slow}, [4])]
     assert limits == pytest.approx([0.45])
     assert recovery_intervals(fast, [4], 2, limits) == [1.5] and recovery_intervals(slow, [4], 2, limits) == [None]
+
+
+def test_moves_list_every_change_of_the_split_with_its_note():
+    sizes = [[32, 32], [32, 32], [40, 24], [40, 24], [41, 23], [41, 23], [41, 23]]
+    notes = {3: "probe: rank 1 from 24 to 23 samples"}
+    records = [
+        UpdateRecord(u, b, weight_update_time=0.1, global_batch=64, time=u, rebalance_note=notes.get(u))
+        for u, b in enumerate(sizes)
+    ]
+    found = moves(records)
+    assert [(m.update, m.sizes, m.note) for m in found] == [(2, [40, 24], None), (4, [41, 23], notes[3])]
+    text = format_moves(found)
+    assert text.splitlines() == ["update      2: 40,24", f"update      4: 41,23  {notes[3]}"]
+    assert moves(records[:2]) == [] and moves([]) == []
+    many = [Move(u, [u, 64 - u]) for u in range(20)]
+    lines = format_moves(many, limit=5).splitlines()
+    assert lines[:4] == [f"update {u:>6}: {u},{64 - u}" for u in range(4)]
+    assert lines[4:] == ["... 15 more", "update     19: 19,45"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from ..allocation import STRATEGY_NAMES
-from ..bench import format_breakdown, format_table
+from ..bench import format_breakdown, format_moves, format_table
 from ..errors import UsageError
 from ..parsing import parse_name_list
-from .train import config_from_flags, train_options
+from .flags import config_from_flags, train_options
 
 DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 
@@ -62,6 +62,13 @@ def bench(strategies, warmup, out_dir, progress, **kw):
         click.echo("... and to reach 90% of what the best strategy sustains after the change:")
         for name, values in outcome.recovery_vs_best.items():
             click.echo(f"  {name:<13}" + "  ".join("-" if v is None else f"{v:.1f}" for v in values))
+    click.echo("moves (from this update on, the split; a note where it is not the fit's split):")
+    for name, changes in outcome.moves.items():
+        if changes:
+            click.echo(f"  {name}:")
+            click.echo("\n".join("    " + line for line in format_moves(changes).splitlines()))
+        else:
+            click.echo(f"  {name}: none")
     if out_dir:
         click.echo(f"wrote {out_dir}/bench.json, bench.csv, bench.png, stragglers_*.png")
 

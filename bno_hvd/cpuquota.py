@@ -74,25 +74,39 @@ class CgroupPlace:
     parent: str  # where the new cgroup is made
 
 
+def own_cgroups(mounts: str, own: str) -> dict[int, tuple[str, str | None]]:
+    """Per cgroup version with a CPU controller mounted (v1's ``cpu`` hierarchy, v2's unified
+    one): ``(mount point, this process's cgroup path in it)``; the path is None when
+    ``/proc/self/cgroup`` has no line for it."""
+    roots = {}
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
+            roots[1] = fields[1]
+        if len(fields) >= 3 and fields[2] == "cgroup2":
+            roots.setdefault(2, fields[1])
+    paths = dict(_cgroup_line(line) for line in own.splitlines() if line.count(":") >= 2)
+    found = {}
+    if 1 in roots:
+        found[1] = (roots[1], next((p for ctrls, p in paths.items() if "cpu" in ctrls.split(",")), None))
+    if 2 in roots:
+        found[2] = (roots[2], paths.get(""))
+    return found
+
+
 def find_place(mounts: str | None = None, own: str | None = None) -> CgroupPlace:
     """The cgroup this process can put itself into with a CPU limit; :class:`UsageError` if none."""
     mounts = mounts if mounts is not None else _read("/proc/self/mounts")
     own = own if own is not None else _read("/proc/self/cgroup")
-    v1_root = v2_root = None
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
-            v1_root = fields[1]
-        if len(fields) >= 3 and fields[2] == "cgroup2":
-            v2_root = v2_root or fields[1]
-    paths = dict(_cgroup_line(line) for line in own.splitlines() if line.count(":") >= 2)
-    if v1_root is not None:
-        v1_path = next((p for ctrls, p in paths.items() if "cpu" in ctrls.split(",")), "/")
-        home = os.path.join(v1_root, v1_path.lstrip("/"))
+    found = own_cgroups(mounts, own)
+    if 1 in found:
+        root, path = found[1]
+        home = os.path.join(root, (path or "/").lstrip("/"))
         return _writable(CgroupPlace(1, home, home))
-    if v2_root is not None and "cpu" in _read(os.path.join(v2_root, "cgroup.controllers"), "").split():
-        home = os.path.join(v2_root, paths.get("", "/").lstrip("/"))
-        parent = os.path.dirname(home.rstrip("/")) if os.path.realpath(home) != os.path.realpath(v2_root) else home
+    if 2 in found and "cpu" in _read(os.path.join(found[2][0], "cgroup.controllers"), "").split():
+        root, path = found[2]
+        home = os.path.join(root, (path or "/").lstrip("/"))
+        parent = os.path.dirname(home.rstrip("/")) if os.path.realpath(home) != os.path.realpath(root) else home
         return _writable(CgroupPlace(2, home, parent))
     raise UsageError(
         "--cpu-quota needs a cgroup cpu controller: none is mounted here (cgroup v1 'cpu' or "
@@ -113,28 +127,15 @@ def cpu_limit(mounts: str | None = None, own: str | None = None) -> float | None
         own = own if own is not None else _read("/proc/self/cgroup")
     except OSError:
         return None
-    roots = {}
-    for line in mounts.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
-            roots[1] = fields[1]
-        if len(fields) >= 3 and fields[2] == "cgroup2":
-            roots.setdefault(2, fields[1])
-    paths = dict(_cgroup_line(line) for line in own.splitlines() if line.count(":") >= 2)
-    if 1 in roots:
-        version, root = 1, roots[1]
-        path = next((p for ctrls, p in paths.items() if "cpu" in ctrls.split(",")), None)
-    elif 2 in roots:
-        version, root, path = 2, roots[2], paths.get("")
-    else:
+    found = own_cgroups(mounts, own)
+    version = 1 if 1 in found else 2 if 2 in found else None
+    if version is None or found[version][1] is None:
         return None
-    if path is None:
-        return None
+    root, path = found[version]
     limits = []
     parts = [p for p in path.strip("/").split("/") if p]
     for depth in range(len(parts), -1, -1):
-        folder = os.path.join(root, *parts[:depth])
-        limit = _limit_in(folder, version)
+        limit = _limit_in(os.path.join(root, *parts[:depth]), version)
         if limit is not None:
             limits.append(limit)
     return min(limits) if limits else None

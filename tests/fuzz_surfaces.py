@@ -459,7 +459,7 @@ def check_quota_schedule(inp, result):
 
 def run_caps(inp, directory):
     """``--max-batch``: one cap for all ranks or one per rank, checked against the job's size."""
-    from bno_hvd.commands.train import config_from_flags
+    from bno_hvd.commands.flags import config_from_flags
 
     cfg = config_from_flags(max_batch=inp["text"])
     cfg.check_world(inp["ranks"])

@@ -13,7 +13,7 @@ from ..allocation import STRATEGY_NAMES
 from ..catalog import MODEL_NAMES
 from ..errors import UsageError
 from ..parsing import parse_name_list, show_path
-from .train import config_from_flags, train_options
+from .flags import config_from_flags, train_options
 
 DEFAULT_MODELS = ",".join(MODEL_NAMES)
 DEFAULT_STRATEGIES = "bno,equal,random,balanced"  # the paper's three, then ours

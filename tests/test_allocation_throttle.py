@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bno_hvd.allocation import ClusterMetrics, make_strategy
-from bno_hvd.allocation.balanced import throttle_offsets
+from bno_hvd.allocation.balanced import limit_changed, throttle_offsets
 
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
 MS = 1e-3
@@ -143,6 +143,15 @@ def test_a_rank_whose_limit_rose_is_probed_at_once():
     back = [next(k for k, h in enumerate(hist) if h[3] >= 12) for hist in (history, control)]
     assert back[0] < back[1], back  # above 12 samples sooner
     assert history[-1][3] >= 16 and control[-1][3] >= 16  # both back above half the mean share in the end
+
+
+def test_which_limit_changes_count():
+    inf, nan = np.inf, np.nan
+    before = np.array([0.17, 0.17, 0.5, inf, nan, 0.5])
+    now = np.array([0.5, inf, 0.52, 0.5, 0.17, 0.5])
+    # raised; stopped binding (the rank uses less than half of it now); within 10%; started to bind
+    # (a rank given more samples under the same quota); not seen before; unchanged
+    assert limit_changed(before, now).tolist() == [True, True, False, False, False, False]
 
 
 def test_probe_state_survives_a_checkpoint():

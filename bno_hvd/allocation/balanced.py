@@ -354,18 +354,20 @@ def penalties_from_rows(sync: np.ndarray, min_count: int = 3, sigmas: float = 2.
 
 
 def limit_changed(before: np.ndarray, now: np.ndarray, tolerance: float = 0.1) -> np.ndarray:
-    """Per rank: did its CPU limit (cores; inf = none binding) change by more than ``tolerance``
-    (relative) since the last rebalance? NaN before = not seen yet: no change."""
-    seen = ~np.isnan(before)
+    """Per rank: did its CPU limit (cores; inf = none that binds) change by more than ``tolerance``
+    (relative), or stop binding, since the last rebalance? NaN before = not seen yet. A limit that
+    starts to bind is not a change: a rank is only reported limited while it uses at least half
+    of its limit, so a small rank given more samples under the same quota starts to bind."""
+    both = np.isfinite(before) & np.isfinite(now)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(np.isfinite(before) & np.isfinite(now), now / np.where(np.isfinite(before), before, 1.0), 1.0)
-    moved = np.isfinite(before) != np.isfinite(now)
-    return seen & (moved | (np.abs(np.log(ratio)) > np.log1p(tolerance)))
+        ratio = np.where(both, now / np.where(both, before, 1.0), 1.0)
+    freed = np.isfinite(before) & np.isinf(now)
+    return freed | (both & (np.abs(np.log(ratio)) > np.log1p(tolerance)))
 
 
 def fmt_limit(limit: float) -> str:
-    """A CPU limit for a note: ``0.17 of a core``, or ``none`` (no binding limit)."""
-    return "none" if not np.isfinite(limit) else f"{limit:.2g} of a core"
+    """A CPU limit for a note: ``0.17 of a core``, or ``none that binds``."""
+    return "none that binds" if not np.isfinite(limit) else f"{limit:.2g} of a core"
 
 
 def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:

@@ -284,7 +284,7 @@ def test_noisy_equal_ranks_keep_their_split_but_a_real_change_moves_it():
 
 
 def test_a_rank_that_slows_the_allreduce_when_last_gets_less():
-    from bno_hvd.allocation.balanced import arrival_penalties
+    from bno_hvd.allocation.offsets import arrival_penalties
 
     # 12 updates of 4 ranks: the last to arrive has the shortest sync (the allreduce itself):
     # 22 ms when rank 0, 1 or 2 is last, 30 ms when rank 3 is: rank 3 costs 8 ms when last
@@ -314,7 +314,7 @@ def test_equal_ranks_with_a_jittery_allreduce_do_not_trade_samples():
     # Four equal ranks under CPU quotas: compute jitters, and the allreduce takes 15 or 25 ms
     # whoever arrives last (a quota period hit or not). No rank really slows the allreduce, so
     # no arrival penalty may move samples (before: 0.88x equal on 4 ranks at 0.5 of a core).
-    from bno_hvd.allocation.balanced import arrival_penalties
+    from bno_hvd.allocation.offsets import arrival_penalties
 
     rng = np.random.default_rng(3)
     compute, syncs = [[], [], [], []], [[], [], [], []]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bno_hvd.allocation import ClusterMetrics, make_strategy
-from bno_hvd.allocation.balanced import limit_changed, throttle_offsets
+from bno_hvd.allocation.offsets import limit_changed, throttle_offsets
 
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
 MS = 1e-3

@@ -11,7 +11,7 @@ Usage::
 """
 
 from ..errors import UsageError
-from .balanced import BalancedStrategy, latency_offsets
+from .balanced import BalancedStrategy
 from .baselines import (
     EqualStrategy,
     FixedStrategy,
@@ -24,6 +24,7 @@ from .bno import BNOStrategy
 from .fitting import fit_affine, solve_equal_finish
 from .metrics import ClusterMetrics, usable_ranks
 from .metrics_file import load_metrics_file, metrics_to_json
+from .offsets import latency_offsets
 from .paper import bno_batch_sizes, compute_k, memory_weights, network_weights
 from .rounding import round_to_total
 from .strategy import Strategy

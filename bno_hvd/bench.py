@@ -121,6 +121,22 @@ def outside_compute_share(records: list[UpdateRecord], rank_steps: list[list[Ran
     return float(np.clip(cycles - m[:, :n].max(axis=0), 0, None).sum() / cycles.sum())
 
 
+def where_time_went(records, rank_steps) -> tuple[float | None, float | None, float | None]:
+    """Compute balance (per update, of the means) and the share of an update outside compute, as
+    ``bench`` reports them, over the whole run; None where a run has nothing to measure."""
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    if not records or not any(rank_steps):
+        return None, None, None
+    return (
+        finite(compute_balance(rank_steps)),
+        finite(compute_balance_of_means(rank_steps)),
+        finite(outside_compute_share(records, rank_steps)),
+    )
+
+
 def control_seconds(rank_steps: list[list[RankStep]], warmup: int = 0) -> float:
     """Cost of the rebalances: per rebalance the *smallest* time any rank spent in it.
 

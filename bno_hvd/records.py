@@ -106,6 +106,10 @@ class RunResult:
     records: list[UpdateRecord] = field(default_factory=list)
     rank_steps: list[list[RankStep]] = field(default_factory=list)
     allreduce_alone: list[tuple[float, float]] | None = None  # per rank: median wall s, CPU s (bench)
+    # rank 0, where every rank's steps were gathered (None: not measured); bno_hvd.bench defines them
+    compute_balance: float | None = None  # mean over updates of mean/max per-rank compute time
+    compute_balance_of_means: float | None = None  # the same of each rank's mean compute time
+    outside_compute_share: float | None = None  # share of update time not in the slowest rank's compute
 
     @property
     def samples_per_s(self) -> float:

@@ -168,7 +168,7 @@ def _labels(rows) -> str:
 
 def format_summary(rows: list[dict]) -> str:
     head = (
-        f"{'model':<10}{'strategy':<10}{'updates':>8}{'update (s)':>12}{'samples/s':>11}"
+        f"{'model':<10}{'strategy':<10}{'updates':>8}{'update (s)':>12}{'samples/s':>11}{'balance':>9}{'outside':>9}"
         f"{'accuracy':>10}{'to target (s)':>15}"
     )
     lines = [head, "-" * len(head)]
@@ -178,8 +178,11 @@ def format_summary(rows: list[dict]) -> str:
         sps = r["samples_per_s"] if r["samples_per_s"] is not None else math.nan
         mean = r["mean_weight_update_time_s"] if r["mean_weight_update_time_s"] is not None else math.nan
         note = "" if r["status"] == "ok" else f"  {r['status']}"
+        balance = "-" if r.get("compute_balance") is None else f"{r['compute_balance']:.2f}"
+        outside = "-" if r.get("outside_compute_share") is None else f"{r['outside_compute_share']:.0%}"
         lines.append(
-            f"{r['model']:<10}{r['strategy']:<10}{r['updates']:>8}{mean:>12.4f}{sps:>11.1f}{acc:>10}{tta:>15}{note}"
+            f"{r['model']:<10}{r['strategy']:<10}{r['updates']:>8}{mean:>12.4f}{sps:>11.1f}{balance:>9}{outside:>9}"
+            f"{acc:>10}{tta:>15}{note}"
         )
     lines.append(_labels(rows))
     return "\n".join(lines)

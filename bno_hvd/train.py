@@ -17,6 +17,7 @@ import sys
 import torch.nn.functional as F
 
 from .atomic import write_json_atomic
+from .bench import where_time_went
 from .checkpoint import save_training_state
 from .clock import Stopwatch
 from .collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
@@ -148,6 +149,10 @@ def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -
         rank_steps=rank_steps or [],
         allreduce_alone=alone_by_rank,
     )
+    if world.master and rank_steps:
+        result.compute_balance, result.compute_balance_of_means, result.outside_compute_share = where_time_went(
+            records, rank_steps
+        )
     if run.data.test is not None:
         correct, total = score_test_split(run)
         result.test_correct, result.test_total, result.test_accuracy = correct, total, correct / total
@@ -158,6 +163,15 @@ def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -
                 file=out,
                 flush=True,
             )
+    figures = (result.compute_balance, result.compute_balance_of_means, result.outside_compute_share)
+    if world.master and None not in figures:
+        print(
+            f"compute balance {result.compute_balance:.2f} per update, {result.compute_balance_of_means:.2f} of the "
+            f"ranks' means; {result.outside_compute_share:.0%} of the update outside compute; "
+            f"{result.samples_per_s:.1f} samples/s",
+            file=out,
+            flush=True,
+        )
     if world.master:
         for warning in warnings:
             print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)

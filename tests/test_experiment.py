@@ -10,6 +10,7 @@ import shutil
 import pytest
 from conftest import assert_ok, bno_cmd, horovodrun, run_cli
 
+from bno_hvd.bench import compute_balance, outside_compute_share
 from bno_hvd.experiment import (
     AVERAGE_COLUMNS,
     SUMMARY_COLUMNS,
@@ -22,7 +23,9 @@ from bno_hvd.experiment import (
     with_final_eval,
 )
 from bno_hvd.heterogeneity import label_of_run as emulation_label
-from bno_hvd.records import UpdateRecord
+from bno_hvd.records import UpdateRecord, steps_from_json
+from bno_hvd.report import format_summary
+from bno_hvd.runlog import read_updates
 
 # five updates: times 1,2,3,4,5 s back to back (so `time` is the running sum), batches 10,10,20,20,20
 RECORDS = [
@@ -102,6 +105,11 @@ def test_summary_row_by_hand():
     missing = summary_row("cnn", "bno", RECORDS, None, [], 0.85, 2, "no emulation")
     assert missing["final_accuracy"] is None and missing["train_seconds"] == 15.0
     assert missing["status"] == "incomplete: stopped after 5 updates"
+    assert missing["compute_balance"] is None and missing["outside_compute_share"] is None
+    measured = dict(result, compute_balance=0.7, compute_balance_of_means=0.84, outside_compute_share=0.58)
+    row = summary_row("cnn", "balanced", RECORDS, measured, EVALS, 0.85, 2, "REAL")
+    assert (row["compute_balance"], row["compute_balance_of_means"], row["outside_compute_share"]) == (0.7, 0.84, 0.58)
+    assert "0.70" in format_summary([row]) and "58%" in format_summary([row])
     failed = summary_row("resnet50", "random", [], None, [], None, 4, "no emulation")
     assert failed["status"] == "failed before its first update"
     assert failed["updates"] == 0 and failed["mean_weight_update_time_s"] is None and failed["samples_per_s"] is None
@@ -251,6 +259,15 @@ def test_experiment_summary_accuracy_and_balance(tiny_experiment):
         assert 0 < r["evals"][0]["time"] < r["evals"][1]["time"] == pytest.approx(r["train_seconds"], abs=0.05)
         hit = next((e for e in r["evals"] if e["accuracy"] >= 0.2), None)
         assert r["time_to_accuracy_s"] == (hit["time"] if hit else None)
+    # the two figures beside samples/s, as bench computes them from the run's own logs
+    for name, r in runs.items():
+        path = str(out / "runs" / "cnn" / name)
+        steps = steps_from_json(json.loads((out / "runs" / "cnn" / name / "ranks.json").read_text()))
+        assert r["compute_balance"] == pytest.approx(compute_balance(steps))
+        assert r["outside_compute_share"] == pytest.approx(outside_compute_share(read_updates(path), steps))
+        assert 0 < r["compute_balance"] <= 1 and 0 <= r["outside_compute_share"] < 1
+    # emulated speeds 1,0.5: the even split leaves rank 0 idle half the time, balanced does not
+    assert runs["equal"]["compute_balance_of_means"] < 0.85 < runs["balanced"]["compute_balance_of_means"]
     # same samples, sample-weighted gradients: the split does not change what the model learns
     assert abs(runs["equal"]["final_accuracy"] - runs["balanced"]["final_accuracy"]) <= 0.02
     # the emulated speed-1 rank ends with the larger share of the global batch

@@ -51,6 +51,15 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
     assert run["world_size"] == np_ and run["config"]["strategy"] == strategy
     result = json.loads((log_dir / "result.json").read_text())
     assert result["test_accuracy"] == acc
+    # compute balance and the share outside compute, printed and in result.json
+    m = re.search(
+        r"compute balance ([0-9.]+) per update, ([0-9.]+) of the ranks' means; (\d+)% of the update", proc.stdout
+    )
+    assert m and float(m.group(1)) == round(result["compute_balance"], 2), proc.stdout[-2000:]
+    assert int(m.group(3)) == round(100 * result["outside_compute_share"])
+    if np_ == 1:  # one rank: it is the slowest, and always balanced with itself
+        assert result["compute_balance"] == 1.0 == result["compute_balance_of_means"]
+    assert 0 < result["compute_balance"] <= 1 and 0 < result["outside_compute_share"] < 1
     if strategy == "bno" and np_ == 4:
         # eq. (5) was applied at the first rebalance and the LR follows the global batch (linear rule)
         assert records[0]["batch_sizes"] == [16] * 4

@@ -68,6 +68,7 @@ class TensorBoardHook(Hook):
         self.writer = None  # rank 0, from start() to close()
         self._unsent: list = []  # (update, RankStep) of this rank, not yet in a report
         self._sizes: list[int] | None = None  # the previous update's batch sizes
+        self._cycles: dict[int, float] = {}  # rank 0: update -> weight-update time, until its steps arrive
 
     def start(self, run) -> None:
         if self.rank != 0:
@@ -92,6 +93,7 @@ class TensorBoardHook(Hook):
         if self.writer is None:
             return
         w, u = self.writer, record.update
+        self._cycles[u] = record.weight_update_time
         for tag, value in (
             ("update/loss", record.loss),
             ("update/samples_per_s", record.samples_per_s),
@@ -139,11 +141,19 @@ class TensorBoardHook(Hook):
         for update, steps in sorted(by_update.items()):
             for r, step in steps.items():
                 self.writer.add_scalar(f"compute_s/rank_{r}", step.compute, update)
+            cycle = self._cycles.pop(update, None)
             if len(steps) == len(rank_steps):
                 ranks = sorted(steps)
                 waited = waited_seconds([steps[r].sync for r in ranks], [steps[r].rebalance for r in ranks])
                 for r, seconds in zip(ranks, waited):
                     self.writer.add_scalar(f"waited_s/rank_{r}", seconds, update)
+                # the two figures bench reports, per update (bno_hvd.bench)
+                compute = [steps[r].compute for r in ranks]
+                if max(compute) > 0:
+                    self.writer.add_scalar("update/compute_balance", sum(compute) / len(compute) / max(compute), update)
+                if cycle:
+                    outside = max(0.0, cycle - max(compute)) / cycle
+                    self.writer.add_scalar("update/outside_compute_share", outside, update)
 
 
 def run_text(cfg, ranks: int, lag: int) -> str:

@@ -80,6 +80,17 @@ def test_every_ranks_compute_and_waiting_reach_rank_0(run):
         waited = scalars(acc, f"waited_s/rank_{rank}")
         assert sorted(waited) == list(range(30))
         assert [waited[u] for u in range(30)] == pytest.approx([f32(w) for w in timeline.waited[rank]], abs=1e-7)
+    # compute balance and the share outside compute of every update, as bench defines them
+    records = read_updates(log_dir)
+    compute = np.array([[s.compute for s in steps[rank]] for rank in range(4)])
+    balance = compute.mean(axis=0) / compute.max(axis=0)
+    assert scalars(acc, "update/compute_balance") == {u: f32(b) for u, b in enumerate(balance)}
+    cycles = np.array([r["weight_update_time"] for r in records])
+    outside = np.clip(cycles - compute.max(axis=0), 0, None) / cycles
+    assert scalars(acc, "update/outside_compute_share") == pytest.approx({u: f32(x) for u, x in enumerate(outside)})
+    assert float(np.mean(balance)) == pytest.approx(
+        json.loads((log_dir / "result.json").read_text())["compute_balance"]
+    )
 
 
 def test_allocation_changes_and_label_as_text(run):

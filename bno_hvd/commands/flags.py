@@ -320,8 +320,8 @@ def train_options(fn=None, *, exclude=()):
                 type=click.Path(file_okay=False),
                 default=D.tensorboard,
                 help="Rank 0 writes TensorBoard events here: per update loss, samples/s, weight-update time, "
-                "global batch, lr; per rank batch, compute, waiting, memory; allocation changes (bench and "
-                "experiment: one sub-directory per run).",
+                "global batch, lr, compute balance, share outside compute; per rank batch, compute, waiting, "
+                "memory; allocation changes (bench and experiment: one sub-directory per run).",
             ),
         ),
     ]

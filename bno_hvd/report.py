@@ -36,9 +36,8 @@ from .experiment import (
     summary_row,
     with_final_eval,
 )
-from .heterogeneity import label_of_run
+from .logread import read_experiment_file, read_result, read_run_meta, read_steps
 from .parsing import read_json
-from .records import steps_from_json
 from .runlog import read_updates
 
 
@@ -53,10 +52,7 @@ def load_experiment(logdir: str) -> tuple[dict, list[tuple[str, str]]]:
     """The experiment's metadata (or {}) and its (model, strategy) runs, in run order."""
     if not os.path.isdir(logdir):
         raise UsageError(f"{logdir}: no such directory; give the --out directory of a bno-hvd experiment")
-    path = os.path.join(logdir, "experiment.json")
-    meta = read_json(path, "experiment file") if os.path.exists(path) else {}
-    if not isinstance(meta, dict):
-        raise UsageError(f"{path}: expected a JSON object; was it written by bno-hvd experiment?")
+    meta = read_experiment_file(os.path.join(logdir, "experiment.json"))
     if meta.get("models") and meta.get("strategies"):
         pairs = [(m, s) for m in meta["models"] for s in meta["strategies"]]
     else:  # logs without experiment.json: whatever runs/<model>/<strategy>/ holds
@@ -91,28 +87,32 @@ def write_experiment_report(
         raise UsageError(f"--average-every {every} must be >= 1")
     target = target if target is not None else meta.get("target_accuracy")
     averages, summaries, blocks, evals_by = [], [], {}, {}
+    runs = []  # everything is read and checked before anything is written
     for model, strategy in pairs:
         path = run_dir(logdir, model, strategy)
-        records = read_updates(path)
+        world_size, label = read_run_meta(os.path.join(path, "run.json"))
+        result = read_result(os.path.join(path, "result.json"))
+        steps, why = read_steps(os.path.join(path, "ranks.json"))
+        if steps is None and os.path.exists(os.path.join(path, "ranks.json")):
+            warn(f"bno-hvd: warning: no straggler picture for {model}/{strategy}: {why}")
+        runs.append((model, strategy, path, read_updates(path), world_size, label, result, steps))
+    for model, strategy, path, records, world_size, label, result, steps in runs:
         if not records:  # the run failed before its first update: a row says so, no figure line
             warn(f"bno-hvd: warning: {path} has no updates (the run failed; see the job's output)")
-        run_meta = read_json(os.path.join(path, "run.json"), "run file")
-        result_path = os.path.join(path, "result.json")
-        result = read_json(result_path, "result file") if os.path.exists(result_path) else None
         evals = with_final_eval(result.get("evals", []), result) if result else []
-        label = label_of_run(run_meta)
         run_blocks = block_averages(records, every)
         if records:
             blocks.setdefault(model, {})[strategy] = run_blocks
         evals_by.setdefault(model, {})[strategy] = evals
         averages += average_rows(model, strategy, run_blocks, label)
-        row = summary_row(model, strategy, records, result, evals, target, run_meta["world_size"], label)
+        row = summary_row(model, strategy, records, result, evals, target, world_size, label)
         summaries.append(dict(row, evals=evals))
-        draw_stragglers(
-            path,
-            os.path.join(logdir, f"stragglers_{model}_{strategy}.png"),
-            title=f"{model} / {strategy}: where each rank's update goes\n{label}",
-        )
+        if steps is not None:
+            plot_stragglers_png(
+                steps,
+                os.path.join(logdir, f"stragglers_{model}_{strategy}.png"),
+                title=f"{model} / {strategy}: where each rank's update goes\n{label}",
+            )
     if not blocks:
         raise UsageError(f"{logdir}: every run is empty; nothing to report")
     write_csv(os.path.join(logdir, "averages.csv"), AVERAGE_COLUMNS, averages)
@@ -236,13 +236,17 @@ def write_bench_outputs(
 
 def draw_stragglers(run_path: str, png: str, *, title: str) -> bool:
     """The per-rank timeline of a logged run (from its ranks.json); False when there is none."""
-    path = os.path.join(run_path, "ranks.json")
-    if not os.path.exists(path):
+    steps, _ = read_steps(os.path.join(run_path, "ranks.json"))
+    if steps is None:
         return False
+    plot_stragglers_png(steps, png, title=title)
+    return True
+
+
+def plot_stragglers_png(steps, png: str, *, title: str) -> None:
     from .plots import plot_stragglers
 
-    plot_stragglers(steps_from_json(read_json(path, "ranks file")), png, title=title)
-    return True
+    plot_stragglers(steps, png, title=title)
 
 
 def write_csv(path: str, columns, rows) -> None:

@@ -93,14 +93,19 @@ def _check_writable_dir(directory: str, flag: str, shown: str) -> None:
 
 
 def read_updates(log_dir: str) -> list[UpdateRecord]:
-    """The per-update records a run wrote (a torn or foreign line is skipped)."""
+    """The per-update records a run wrote (a torn or foreign line, or one whose values are of the
+    wrong kind, is skipped; see :mod:`bno_hvd.logread`)."""
+    from .logread import usable_record
+
     out = []
-    with open(os.path.join(log_dir, "updates.jsonl")) as fh:
-        for line in fh:
+    with open(os.path.join(log_dir, "updates.jsonl"), "rb") as fh:
+        for raw in fh:
             try:
-                out.append(UpdateRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, AttributeError):
-                continue
+                record = UpdateRecord.from_dict(json.loads(raw.decode("utf-8")))
+            except (UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError):
+                continue  # (json.JSONDecodeError is a ValueError, as is an integer of 5,000 digits)
+            if usable_record(record):
+                out.append(record)
     return out
 
 

@@ -166,6 +166,7 @@ def average_rows(model: str, strategy: str, blocks: list[BlockAverage], emulatio
     ]
 
 
+RUN_FIGURES = ("compute_balance", "compute_balance_of_means", "outside_compute_share")  # result.json, as bench
 SUMMARY_COLUMNS = (
     "model",
     "strategy",
@@ -176,9 +177,7 @@ SUMMARY_COLUMNS = (
     "train_seconds",
     "mean_weight_update_time_s",
     "samples_per_s",
-    "compute_balance",
-    "compute_balance_of_means",
-    "outside_compute_share",
+    *RUN_FIGURES,
     "final_accuracy",
     "target_accuracy",
     "time_to_accuracy_s",
@@ -219,10 +218,8 @@ def summary_row(
         "train_seconds": result["wall_seconds"] if result else (records[-1].time if records else None),
         "mean_weight_update_time_s": (sum(r.weight_update_time for r in records) / len(records) if records else None),
         "samples_per_s": None,
-        # (older result.json files have none of these three: None)
-        "compute_balance": result.get("compute_balance") if result else None,
-        "compute_balance_of_means": result.get("compute_balance_of_means") if result else None,
-        "outside_compute_share": result.get("outside_compute_share") if result else None,
+        # (older result.json files have none of these: None)
+        **{key: result.get(key) if result else None for key in RUN_FIGURES},
         "final_accuracy": result.get("test_accuracy") if result else None,
         "target_accuracy": target,
         "time_to_accuracy_s": hit.time if hit else None,

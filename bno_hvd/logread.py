@@ -21,7 +21,7 @@ import os
 from .errors import UsageError
 from .heterogeneity import label_of_run
 from .parsing import read_json, show_path
-from .records import COLUMNS, RankStep
+from .records import COLUMNS, RankStep, steps_from_json
 
 _INTEGER_STEP_FIELDS = ("batch", "micro_batches")
 
@@ -116,29 +116,42 @@ def read_result(path: str) -> dict | None:
 
 
 def read_steps(path: str) -> tuple[list[list[RankStep]] | None, str | None]:
-    """``ranks.json`` as every rank's steps, or ``(None, why)`` when it is missing or damaged."""
+    """``ranks.json`` as every rank's steps, or ``(None, why)`` when it is missing or damaged.
+    The values are checked here; :func:`~bno_hvd.records.steps_from_json` then reads them."""
     if not os.path.exists(path):
         return None, f"{show_path(path)} does not exist"
     try:
         data = read_json(path, "ranks file")
     except UsageError as err:
         return None, str(err)
+    why = _steps_damage(data)
+    return (None, f"{show_path(path)}: {why}") if why else (steps_from_json(data), None)
+
+
+def _steps_damage(data) -> str | None:
+    """What is wrong with a ``ranks.json`` document (both formats steps_from_json reads), or None."""
+    if isinstance(data, dict) and "ranks" not in data and isinstance(data.get("rank_steps"), list):
+        ranks = data["rank_steps"]  # the older format: per rank [[batch, compute, rebalance], ...]
+        ok = all(isinstance(r, list) for r in ranks) and all(
+            isinstance(s, list) and len(s) >= 3 and number(s[0], integer=True) and number(s[1]) and number(s[2])
+            for r in ranks
+            for s in r
+        )
+        return None if ranks and ok else "'rank_steps' is not per-rank lists of [batch, compute, rebalance]"
     ranks = data.get("ranks") if isinstance(data, dict) else None
     if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
-        return None, f"{show_path(path)} has no per-rank steps (a 'ranks' list of objects)"
-    out = []
+        return "no per-rank steps (a 'ranks' list of objects)"
     for columns in ranks:
         names = [c for c in COLUMNS if c in columns]
         if "batch" not in names or "compute" not in names:
-            return None, f"{show_path(path)}: a rank without 'batch' and 'compute'"
+            return "a rank without 'batch' and 'compute'"
         values = [columns[c] for c in names]
         if not all(isinstance(v, list) and len(v) == len(values[0]) for v in values):
-            return None, f"{show_path(path)}: a rank's columns are not lists of one length"
+            return "a rank's columns are not lists of one length"
         for name, column in zip(names, values):
             if not all(number(x, integer=name in _INTEGER_STEP_FIELDS) for x in column):
-                return None, f"{show_path(path)}: {name!r} holds values that are not numbers >= 0"
-        out.append([RankStep(**dict(zip(names, row))) for row in zip(*values)])
-    return out, None
+                return f"{name!r} holds values that are not numbers >= 0"
+    return None
 
 
 def usable_record(record) -> bool:

@@ -147,3 +147,18 @@ def test_the_cli_on_damaged_logs(logs, tmp_path):
         shutil.copytree(logs, root)
         apply(root, damage)
         cli_result(["report", str(root)])
+
+
+def test_ranks_json_of_both_formats(tmp_path):
+    """read_steps checks, then reads through records.steps_from_json: the older format too."""
+    from bno_hvd.logread import read_steps
+
+    path = tmp_path / "ranks.json"
+    path.write_text(json.dumps({"rank_steps": [[[8, 0.1, 0.0]], [[4, 0.2, 0.01]]]}))  # before the columns
+    steps, why = read_steps(str(path))
+    assert why is None and [[(s.batch, s.compute, s.rebalance) for s in r] for r in steps] == [
+        [(8, 0.1, 0.0)],
+        [(4, 0.2, 0.01)],
+    ]
+    path.write_text(json.dumps({"rank_steps": [[[8, "x", 0.0]]]}))
+    assert read_steps(str(path))[0] is None and "rank_steps" in read_steps(str(path))[1]

@@ -148,6 +148,7 @@ class Balancer:
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds), for rank 0
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase, for rank 0
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
+        self._bound: float | None = None  # the CPU limit this rank last ran into (kept while it stays)
         self.fixed_lag = lag
         initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
         self.plan = AllocationPlan(initial, lag=lag or 1)
@@ -287,12 +288,19 @@ class Balancer:
     def _binding_cpu_limit(self) -> float | None:
         """This rank's cgroup CPU limit (cores) if it binds: the rank used at least half of it over
         its recent updates. A limit the rank does not run into (a GPU rank waiting on its device)
-        says nothing about how fast it does its part of the allreduce."""
+        says nothing about how fast it does its part of the allreduce.
+
+        Once a limit has bound it counts until it changes: a throttled rank that ``balanced`` then
+        gives a few samples waits for the others most of an update and uses less than half of
+        it, and dropping the limit then would undo the split that made it wait (seen: rank 3 at
+        0.1 of a core moved from 1 to 11 samples and back)."""
         limit = cpu_limit()
+        if limit is None or limit != self._bound:
+            self._bound = None
         cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
-        if limit is None or wall <= 0 or cpu / wall < 0.5 * limit:
-            return None
-        return limit
+        if limit is not None and wall > 0 and cpu / wall >= 0.5 * limit:
+            self._bound = limit
+        return self._bound
 
     def rebalance(self):
         """Collective: gather, allocate on rank 0, broadcast; used from update ``done + lag - 1``."""

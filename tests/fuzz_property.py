@@ -13,10 +13,12 @@ import signal
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner
 
+from bno_hvd import parsing
 from bno_hvd.cli import main
 from bno_hvd.errors import UsageError
 
@@ -84,3 +86,15 @@ def assert_cli_error(code: int, stdout: str, stderr: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("bno-hvd: error: "), stderr[-3000:]
     assert_one_line(lines[0])
     assert "Traceback" not in stdout + stderr
+
+
+def write_file(directory: Path, spec: dict) -> Path:
+    """Write a generated file (``{"name", "content"}``) into ``directory``; its path."""
+    path = directory / spec["name"]
+    path.write_bytes(spec["content"])
+    return path
+
+
+def in_range(values, bounds: parsing.Range) -> bool:
+    """Every value (text or number) inside ``bounds``."""
+    return all(bounds.contains(float(v)) for v in values)

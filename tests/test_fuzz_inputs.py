@@ -27,11 +27,12 @@ from pathlib import Path
 
 import fuzz_strategies as fs
 import fuzz_surfaces as fsu
+import fuzz_surfaces_cli as fcli
 import fuzz_trees as ft
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, bno_cmd, mpirun, run_cli
-from fuzz_property import assert_cli_error, cli_result, result_or_one_line
+from fuzz_property import assert_cli_error, cli_result, result_or_one_line, write_file
 from fuzz_surfaces import SURFACES
 from hypothesis import HealthCheck, assume, given, settings
 
@@ -423,11 +424,11 @@ def same_outcome_in_a_subprocess(args: list[str], fixture_dir) -> None:
 
 
 @FEW
-@given(inp=fsu.train_inputs.filter(safe_to_import))
+@given(inp=fcli.train_inputs.filter(safe_to_import))
 def test_train_dry_run_as_a_subprocess(inp, fixture_modules):
     directory = Path(tempfile.mkdtemp())
     try:
-        same_outcome_in_a_subprocess(fsu.train_args(inp, directory) + ["--dry-run"], fixture_modules)
+        same_outcome_in_a_subprocess(fcli.train_args(inp, directory) + ["--dry-run"], fixture_modules)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -437,10 +438,8 @@ def test_train_dry_run_as_a_subprocess(inp, fixture_modules):
 def test_allocate_and_check_hostfile_as_subprocesses(metrics, hosts, fixture_modules):
     directory = Path(tempfile.mkdtemp())
     try:
-        same_outcome_in_a_subprocess(
-            ["allocate", "--metrics", str(fsu.write_file(directory, metrics))], fixture_modules
-        )
-        hostfile = fsu.write_file(directory, hosts)
+        same_outcome_in_a_subprocess(["allocate", "--metrics", str(write_file(directory, metrics))], fixture_modules)
+        hostfile = write_file(directory, hosts)
         same_outcome_in_a_subprocess(["check-hostfile", str(hostfile), "--no-resolve"], fixture_modules)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -466,12 +465,12 @@ def assert_every_rank_ended_with_one_line(proc, expected: str | None = None) -> 
 
 
 @settings(FEW, max_examples=1)
-@given(inp=fsu.mpirun_train_inputs.filter(safe_to_import))
+@given(inp=fcli.mpirun_train_inputs.filter(safe_to_import))
 def test_refused_flags_end_every_rank_under_mpirun(inp, fixture_modules):
     """Flags that a dry run for 4 ranks refuses: a real 4-rank job ends on every rank, one line."""
     directory = Path(tempfile.mkdtemp())
     try:
-        args = fsu.train_args(inp, directory)
+        args = fcli.train_args(inp, directory)
         if "--updates" not in args:
             args += ["--updates", "3"]
         dry = CliRunner().invoke(main, args + ["--dry-run", "--world-size", "4"])

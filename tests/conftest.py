@@ -87,3 +87,16 @@ def fashion_available():
     if not os.path.isdir(FASHION_DIR):
         pytest.skip(f"{FASHION_DIR} missing: apt-get install dataset-fashion-mnist (launch/setup does)")
     return FASHION_DIR
+
+
+@pytest.fixture(scope="module")
+def fixture_modules(tmp_path_factory):
+    """The user model modules --model may name (``bno_fuzz_models:ok``), importable here and in subprocesses."""
+    import fuzz_trees as ft
+
+    where = tmp_path_factory.mktemp("fuzz_modules")
+    (where / f"{ft.FIXTURE_MODULE}.py").write_text(ft.FIXTURE_SOURCE)
+    (where / f"{ft.BROKEN_MODULE}.py").write_text(ft.BROKEN_SOURCE)
+    sys.path.insert(0, str(where))
+    yield where
+    sys.path.remove(str(where))

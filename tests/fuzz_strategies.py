@@ -286,3 +286,9 @@ def list_flag_text(draw, names=None):
 
 strategy_lists = list_flag_text(STRATEGY_NAMES)
 model_lists = list_flag_text(MODEL_NAMES)
+
+
+def metrics_file(raw=None, **fields):
+    """A valid two-rank metrics file (``{"name", "content"}``), with ``fields`` replaced or ``raw`` bytes."""
+    doc = {"ops": [100.0, 50.0], "memory_used": [1e9, 2e9], "latency": [[0, 1e-4], [1e-4, 0]], **fields}
+    return {"name": "metrics.json", "content": raw if raw is not None else json.dumps(doc).encode()}

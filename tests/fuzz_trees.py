@@ -263,3 +263,23 @@ def image_tree(draw):
 # sides a test machine can decode 16 samples at, and sides that must be refused
 image_sides = mostly(st.integers(1, 64), st.integers(max_value=0), st.integers(min_value=4097), st.booleans())
 image_folders = st.fixed_dictionaries({"tree": image_tree(), "image_size": image_sides})
+
+
+def safe_to_import(inp) -> bool:
+    """Model specs may only name our fixture modules: a random ``os:_exit`` must never run."""
+    if not isinstance(inp, dict):
+        return True
+    specs = [inp.get("spec")] + [v for f, v in inp.get("flags", []) if f == "--model"]
+    return all(_safe_spec(s) for s in specs if isinstance(s, str) and ":" in s)
+
+
+def _safe_spec(spec: str) -> bool:
+    import importlib.util
+
+    top = spec.partition(":")[0].split(".")[0]
+    if top in (FIXTURE_MODULE, BROKEN_MODULE):
+        return True
+    try:
+        return importlib.util.find_spec(top) is None
+    except (ValueError, ImportError):
+        return True

@@ -6,6 +6,7 @@ folders, non-image and truncated files, symlink loops). Text and JSON files: fuz
 
 from __future__ import annotations
 
+import importlib.util
 import io
 
 from fuzz_strategies import any_json, mostly, odd_names, paths_in, replaced, texts
@@ -274,8 +275,6 @@ def safe_to_import(inp) -> bool:
 
 
 def _safe_spec(spec: str) -> bool:
-    import importlib.util
-
     top = spec.partition(":")[0].split(".")[0]
     if top in (FIXTURE_MODULE, BROKEN_MODULE):
         return True

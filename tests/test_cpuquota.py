@@ -118,6 +118,11 @@ RUN = [
 ]
 
 
+def compute_rate(steps) -> float:
+    """A rank's samples per second of compute over ``steps``."""
+    return sum(s.batch for s in steps) / sum(s.compute for s in steps)
+
+
 @needs_cgroups
 def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
     before = our_cgroups()
@@ -129,7 +134,7 @@ def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["label"].startswith("REAL: CPU-throttled ranks (cgroup quota): quotas 0.3,0.3,0.3,0.1")
     steps = steps_from_json(json.loads((tmp_path / "ranks.json").read_text()))
-    rates = [sum(s.batch for s in r[5:]) / sum(s.compute for s in r[5:]) for r in steps]
+    rates = [compute_rate(r[5:]) for r in steps]
     ratio = rates[3] / (sum(rates[:3]) / 3)
     cpu_share = [sum(s.cpu for s in r[5:]) / sum(s.seconds for s in r[5:]) for r in steps]
     print(
@@ -219,7 +224,7 @@ def test_balanced_charges_the_starved_ranks_sync_and_gives_it_less_compute(tmp_p
     last = [r[-1].batch for r in steps]
     first = [[s for s in r[:10] if s.batch == 32] for r in steps]
     assert all(len(r) >= 5 for r in first), "the first interval should run at the equal split"
-    rates = [len(r) * 32 / sum(s.compute for s in r) for r in first]  # samples per compute second
+    rates = [compute_rate(r) for r in first]
     compute_only = 128 * rates[3] / sum(rates)
     print(f"balanced under quotas {QUOTAS}: batch sizes at the end {last}; compute alone: {compute_only:.1f}")
     assert compute_only > 4  # the quotas show in the measured rates (rank 3 is ~3x slower)

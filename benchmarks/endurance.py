@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from bno_hvd.launching import mpi_env, mpirun_command
+from bno_hvd.cli.launching import mpi_env, mpirun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

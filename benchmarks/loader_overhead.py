@@ -25,9 +25,9 @@ def rank_main(updates: int, batch: int, warmup: int) -> None:
     from mpi4py import MPI
 
     from bno_hvd import Balancer, make_strategy
-    from bno_hvd.collectives import wait_for_allreduce
-    from bno_hvd.data import load_dataset
-    from bno_hvd.models import build_model
+    from bno_hvd.data.images import load_dataset
+    from bno_hvd.data.models import build_model
+    from bno_hvd.runtime.collectives import wait_for_allreduce
 
     hvd.init()
     torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def main() -> int:
     if args.rank:
         rank_main(args.updates, args.batch, args.warmup)
         return 0
-    from bno_hvd.launching import mpi_env, mpirun
+    from bno_hvd.cli.launching import mpi_env, mpirun
 
     argv = [
         sys.executable,

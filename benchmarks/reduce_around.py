@@ -17,10 +17,10 @@ import horovod.torch as hvd
 import torch
 from mpi4py import MPI
 
-from bno_hvd.collectives import wait_handles
-from bno_hvd.cpuquota import CpuQuotaHook, parse_quotas
-from bno_hvd.gloo_rendezvous import init_gloo_env
-from bno_hvd.parsing import RankSchedule
+from bno_hvd.common.parsing import RankSchedule
+from bno_hvd.lab.cpuquota import CpuQuotaHook, parse_quotas
+from bno_hvd.runtime.collectives import wait_handles
+from bno_hvd.runtime.gloo import init_gloo_env
 
 CNN_PARAMETERS = 215_370  # bno-hvd's baseline CNN on 28x28 images
 

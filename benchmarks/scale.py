@@ -1,7 +1,7 @@
 """Scale on paper: `bno-hvd allocate` on generated N-rank metrics files, and the latency
 probe's cost per rank as N grows (all pairs vs sampled rounds). Prints tables; asserts nothing.
 
-    .venv/bin/python benchmarks/scale.py            # (uses bno_hvd.launching's MPI settings itself)
+    .venv/bin/python benchmarks/scale.py            # (uses bno_hvd.cli.launching's MPI settings itself)
 """
 
 import json
@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from bno_hvd.control.schedule import rounds_for_refresh
-from bno_hvd.launching import mpi_env, mpirun
+from bno_hvd.cli.launching import mpi_env, mpirun
+from bno_hvd.runtime.control.schedule import rounds_for_refresh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bno_hvd.collectives import LossSum, wait_for_allreduce
-from bno_hvd.cpuquota import CpuQuotaHook, parse_quotas
-from bno_hvd.data import load_dataset
-from bno_hvd.models import build_model
-from bno_hvd.parsing import RankSchedule, parse_int_list
-from bno_hvd.world import init_world
+from bno_hvd.common.parsing import RankSchedule, parse_int_list
+from bno_hvd.data.images import load_dataset
+from bno_hvd.data.models import build_model
+from bno_hvd.lab.cpuquota import CpuQuotaHook, parse_quotas
+from bno_hvd.runtime.collectives import LossSum, wait_for_allreduce
+from bno_hvd.runtime.world import init_world
 
 
 def main() -> None:

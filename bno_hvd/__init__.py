@@ -3,6 +3,18 @@
 Public API (re-exports only, loaded on first use so that the CLI starts without torch)::
 
     from bno_hvd import Balancer, make_strategy, MetricsMonitor
+
+The package is built in wings; each wing's ``__init__`` says what it holds and what it may import:
+
+- :mod:`bno_hvd.common`     - errors, durable writes, parsing of user values (imports no other wing)
+- :mod:`bno_hvd.allocation` - THE METHOD: strategies, fits, plans, the sample stream, loss weights
+                              (pure: no MPI, no Horovod, no torch, no clock)
+- :mod:`bno_hvd.data`       - DATA AND MODELS: datasets, torchvision and users' models
+- :mod:`bno_hvd.runtime`    - RUNS THE METHOD: MPI and Horovod, the control plane, the Balancer,
+                              the DataLoader, checkpoints, devices, the training loop
+- :mod:`bno_hvd.lab`        - THE LABORATORY: emulation, CPU quotas, faults, benchmarks,
+                              experiments, reports (enters a run only through a plugin)
+- :mod:`bno_hvd.cli`        - THE COMMAND LINE: commands, flags, console, hostfiles, launching
 """
 
 import importlib
@@ -11,16 +23,17 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "allocation": ("STRATEGY_NAMES", "ClusterMetrics", "Strategy", "bno_batch_sizes", "make_strategy"),
-    "balancer": ("Balancer", "Step", "StepStats"),
-    "control.monitor": ("MetricsMonitor",),
-    "emulation": ("DeviceEmulator",),
-    "errors": ("TrainingError", "UsageError"),
-    "hooks": ("Hook",),
-    "loader": ("Batch",),
-    "plan": ("AllocationPlan",),
-    "records": ("RankStep", "UpdateRecord"),
-    "sampler": ("UnevenSampler",),
-    "weighting": ("rank_weight", "sample_weights", "scaled_lr"),
+    "allocation.plan": ("AllocationPlan",),
+    "allocation.sampler": ("UnevenSampler",),
+    "allocation.weighting": ("rank_weight", "sample_weights", "scaled_lr"),
+    "common.errors": ("TrainingError", "UsageError"),
+    "data.models": ("build_model",),
+    "lab.emulation": ("DeviceEmulator",),
+    "runtime.balancer": ("Balancer", "Step", "StepStats"),
+    "runtime.control.monitor": ("MetricsMonitor",),
+    "runtime.hooks": ("Hook", "Plugin"),
+    "runtime.loader": ("Batch",),
+    "runtime.records": ("RankStep", "UpdateRecord"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE) + ["__version__"]

@@ -1,3 +1,3 @@
-from .cli import main
+from bno_hvd.cli.main import main
 
 main()

@@ -7,9 +7,8 @@ import torchvision
 from mpi4py import MPI
 from torchvision import transforms as T
 
-from bno_hvd import Balancer, MetricsMonitor, make_strategy
+from bno_hvd import Balancer, MetricsMonitor, build_model, make_strategy
 from bno_hvd.data import torchvision_root
-from bno_hvd.models import build_model
 
 hvd.init()
 torch.set_num_threads(1)

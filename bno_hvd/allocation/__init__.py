@@ -1,8 +1,14 @@
-"""Pure allocation policies: who gets how many samples per step. No MPI, no Horovod, no clock.
+"""THE METHOD: who gets how many samples of each update, and what weight each rank's loss has.
+Pure: no MPI, no Horovod, no torch, no clock; every number arrives as an argument. May import
+:mod:`bno_hvd.common` only.
 
-* :mod:`.paper`     - BNO eqs. (1)-(5) exactly        * :mod:`.balanced`  - ours, equal finish time
-* :mod:`.baselines` - equal/random/fixed/...          * :mod:`.rounding`  - integer splits
+* :mod:`.paper`     - BNO eqs. (1)-(5) exactly        * :mod:`.bno`        - the paper's strategy
+* :mod:`.balanced`  - ours, equal finish time         * :mod:`.fitting`    - its step-time fits and solve
+* :mod:`.offsets`   - what it adds to a rank's time   * :mod:`.baselines`  - equal/random/fixed/LB-BSP/...
+* :mod:`.strategy`  - the interface                   * :mod:`.rounding`   - integer splits
 * :mod:`.metrics`   - ClusterMetrics                  * :mod:`.metrics_file` - JSON in/out
+* :mod:`.plan`      - which sizes each update uses    * :mod:`.sampler`    - the sample stream, every sample once
+* :mod:`.weighting` - loss weights, LR scaling        * :mod:`.throughput` - OPS over a window of steps
 
 Usage::
 
@@ -10,9 +16,8 @@ Usage::
     sizes = strategy.initial()
 """
 
-from ..errors import UsageError
-from .balanced import BalancedStrategy
-from .baselines import (
+from bno_hvd.allocation.balanced import BalancedStrategy
+from bno_hvd.allocation.baselines import (
     EqualStrategy,
     FixedStrategy,
     LBBSPStrategy,
@@ -20,14 +25,15 @@ from .baselines import (
     ProportionalStrategy,
     RandomStrategy,
 )
-from .bno import BNOStrategy
-from .fitting import fit_affine, solve_equal_finish
-from .metrics import ClusterMetrics, usable_ranks
-from .metrics_file import load_metrics_file, metrics_to_json
-from .offsets import latency_offsets
-from .paper import bno_batch_sizes, compute_k, memory_weights, network_weights
-from .rounding import round_to_total
-from .strategy import Strategy
+from bno_hvd.allocation.bno import BNOStrategy
+from bno_hvd.allocation.fitting import fit_affine, solve_equal_finish
+from bno_hvd.allocation.metrics import ClusterMetrics, usable_ranks
+from bno_hvd.allocation.metrics_file import load_metrics_file, metrics_to_json
+from bno_hvd.allocation.offsets import latency_offsets
+from bno_hvd.allocation.paper import bno_batch_sizes, compute_k, memory_weights, network_weights
+from bno_hvd.allocation.rounding import round_to_total
+from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.common.errors import UsageError
 
 STRATEGY_NAMES = ("bno", "balanced", "equal", "random", "fixed", "proportional", "lbbsp", "paramhub")
 

@@ -72,12 +72,19 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ..errors import UsageError
-from .fitting import fit_affine, fit_noise, passes, solve_equal_finish, step_time
-from .metrics import ClusterMetrics
-from .offsets import complete_rows, fmt_limit, latency_offsets, limit_changed, penalties_from_rows, throttle_offsets
-from .rounding import round_to_total
-from .strategy import Strategy
+from bno_hvd.allocation.fitting import fit_affine, fit_noise, passes, solve_equal_finish, step_time
+from bno_hvd.allocation.metrics import ClusterMetrics
+from bno_hvd.allocation.offsets import (
+    complete_rows,
+    fmt_limit,
+    latency_offsets,
+    limit_changed,
+    penalties_from_rows,
+    throttle_offsets,
+)
+from bno_hvd.allocation.rounding import round_to_total
+from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.common.errors import UsageError
 
 
 def sigmas_for(n_ranks: int, false_moves: float = 0.05) -> float:

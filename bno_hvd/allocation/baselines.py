@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UsageError
-from .metrics import ClusterMetrics
-from .strategy import Strategy
+from bno_hvd.allocation.metrics import ClusterMetrics
+from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.common.errors import UsageError
 
 
 class EqualStrategy(Strategy):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import UsageError
-from .metrics import ClusterMetrics, usable_ranks
-from .paper import bno_batch_sizes
-from .strategy import Strategy
+from bno_hvd.allocation.metrics import ClusterMetrics, usable_ranks
+from bno_hvd.allocation.paper import bno_batch_sizes
+from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.common.errors import UsageError
 
 
 class BNOStrategy(Strategy):

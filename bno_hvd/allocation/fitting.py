@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..errors import UsageError
+from bno_hvd.common.errors import UsageError
 
 
 def passes(b, cap):

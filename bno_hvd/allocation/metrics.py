@@ -4,7 +4,7 @@ Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (m
 trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples,
 ``sync_cpu`` in CPU seconds per update (a rank's sync phase), ``cpu_limit`` in cores.
 
-Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.parsing`): ops 0, or 1e-3
+Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.common.parsing`): ops 0, or 1e-3
 to 1e9 samples/s (a non-zero rate below that is noise, and its reciprocal overflows); memory 0 to
 1e18 bytes; latency 0 to 60 s per round trip; compute samples of 1 to 1e6 samples in 1e-6 to
 86400 s, at no more than 1e9 samples/s; caps 1 to 1e6 samples. A number outside them is not a
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import UsageError
-from ..parsing import (
+from bno_hvd.common.errors import UsageError
+from bno_hvd.common.parsing import (
     BATCH,
     CAP,
     CPU_LIMIT,

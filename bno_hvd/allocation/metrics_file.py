@@ -12,8 +12,8 @@ Format (one entry per rank, index = rank)::
      "cpu_limit": [null, 0.5, 0.17]}        # optional: the rank's cgroup CPU limit in cores; null = none
 
 Every problem becomes one :class:`UsageError` line that names the file and the field. The file
-is read by :func:`bno_hvd.parsing.read_json` (binary, deeply nested or huge files are refused
-there); numbers are checked against the physical ranges of :mod:`bno_hvd.parsing` (``OPS``,
+is read by :func:`bno_hvd.common.parsing.read_json` (binary, deeply nested or huge files are refused
+there); numbers are checked against the physical ranges of :mod:`bno_hvd.common.parsing` (``OPS``,
 ``MEMORY``, ``LATENCY``, ``CAP``, ``BATCH``, ``STEP_SECONDS``) by :meth:`ClusterMetrics.validate`,
 so no strategy ever computes with infinities. NaN and Infinity (which Python's json accepts) are
 refused there too. The latency matrix is returned as an NxN float64 numpy array so a 4096-rank
@@ -27,9 +27,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import UsageError
-from ..parsing import as_float, read_json, show_path, show_value
-from .metrics import ClusterMetrics
+from bno_hvd.allocation.metrics import ClusterMetrics
+from bno_hvd.common.errors import UsageError
+from bno_hvd.common.parsing import as_float, read_json, show_path, show_value
 
 REQUIRED = ("ops", "memory_used", "latency")
 OPTIONAL = ("max_batch", "compute_samples", "sync_cpu", "cpu_limit")

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import UsageError
+from bno_hvd.common.errors import UsageError
 
 FLOOR_EPS = 1e-9
 

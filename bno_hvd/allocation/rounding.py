@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import UsageError
+from bno_hvd.common.errors import UsageError
 
 
 def round_to_total(

@@ -6,7 +6,7 @@ and broadcasts the result.
 
 Warnings: when a strategy cannot use this round's metrics it keeps ``current`` and sets
 ``last_warning`` (reset to None at the start of every ``rebalance``): part of the result of that
-call, which the control plane passes on to the one warning channel (:class:`bno_hvd.errors.WarningLog`).
+call, which the control plane passes on to the one warning channel (:class:`bno_hvd.common.errors.WarningLog`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ..errors import UsageError
-from ..parsing import BATCH, RANKS, SEED, show_value
-from .metrics import ClusterMetrics
-from .rounding import round_to_total
+from bno_hvd.allocation.metrics import ClusterMetrics
+from bno_hvd.allocation.rounding import round_to_total
+from bno_hvd.common.errors import UsageError
+from bno_hvd.common.parsing import BATCH, RANKS, SEED, show_value
 
 
 class Strategy:

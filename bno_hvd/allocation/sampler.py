@@ -1,0 +1,127 @@
+"""Uneven, allocation-independent sampling (pure index arithmetic).
+
+Contract: the order of samples depends only on ``seed`` and the epoch. Each epoch is one
+global permutation of the dataset; the permutations of consecutive epochs form one stream,
+consumed in consecutive *global* batches of size ``sum(batch_sizes)``. Rank ``r`` takes the
+slice that starts at ``sum(batch_sizes[:r])``. Hence:
+
+- every sample is used exactly once per epoch, whatever the allocation does between steps
+  (a global batch that crosses an epoch boundary takes the rest of this epoch's permutation
+  and the start of the next one);
+- the global batch of a step does not depend on how many ranks share it.
+
+The sampler's position (``epoch``, ``offset``) is where the next update to run starts; it is
+part of the training state (checkpoints). A DataLoader reads ahead of it with :meth:`slice_at`
+(see :mod:`bno_hvd.runtime.loader`); only finished updates move it (:meth:`advance`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def epoch_permutation(dataset_len: int, seed: int, epoch: int) -> np.ndarray:
+    """The global order of epoch ``epoch``: a permutation of ``range(dataset_len)``."""
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    return rng.permutation(dataset_len)
+
+
+def rank_slice(batch_sizes: list[int], rank: int) -> tuple[int, int]:
+    """``(start, stop)`` of ``rank``'s part inside a global batch."""
+    start = int(sum(batch_sizes[:rank]))
+    return start, start + int(batch_sizes[rank])
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in the stream: ``offset`` samples into epoch ``epoch``."""
+
+    epoch: int
+    offset: int
+
+    def advanced(self, samples: int, dataset_len: int) -> Position:
+        pos = self.offset + int(samples)
+        return Position(self.epoch + pos // dataset_len, pos % dataset_len)
+
+
+@dataclass
+class UnevenSampler:
+    """Yields each rank's indices for one step of an uneven allocation.
+
+    Usage::
+
+        sampler = UnevenSampler(len(dataset), seed=0)
+        idx = sampler.next_indices(batch_sizes, rank)   # advances by sum(batch_sizes)
+    """
+
+    dataset_len: int
+    seed: int = 0
+    epoch: int = 0
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dataset_len <= 0:
+            raise ValueError("UnevenSampler needs a non-empty dataset")
+        self._perm_cache: dict[int, np.ndarray] = {}
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, self.offset)
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perm_cache:
+            # keep only the epochs still needed: a look-ahead never spans more than a few epochs
+            for old in [e for e in self._perm_cache if e < self.epoch]:
+                del self._perm_cache[old]
+            self._perm_cache[epoch] = epoch_permutation(self.dataset_len, self.seed, epoch)
+        return self._perm_cache[epoch]
+
+    def take(self, start: Position, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``count`` indices of the stream from ``start``, and the epoch each one belongs to."""
+        out = np.empty(count, dtype=np.int64)
+        epochs = np.empty(count, dtype=np.int64)
+        filled, epoch, offset = 0, start.epoch, start.offset
+        while filled < count:
+            take = min(count - filled, self.dataset_len - offset)
+            out[filled : filled + take] = self._perm(epoch)[offset : offset + take]
+            epochs[filled : filled + take] = epoch
+            filled += take
+            offset += take
+            if offset == self.dataset_len:
+                epoch, offset = epoch + 1, 0
+        return out, epochs
+
+    def global_batch(self, total: int) -> np.ndarray:
+        """The next ``total`` indices of the stream, without advancing."""
+        return self.take(self.position, total)[0]
+
+    def slice_at(self, start: Position, batch_sizes: list[int], rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s indices (and their epochs) in the global batch that starts at ``start``."""
+        if any(int(b) < 1 for b in batch_sizes):
+            raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+        lo, hi = rank_slice(batch_sizes, rank)
+        idx, epochs = self.take(start.advanced(lo, self.dataset_len), hi - lo)
+        assert len(idx) == batch_sizes[rank], "a rank's slice must have its allocated length"
+        return idx, epochs
+
+    def advance(self, total: int) -> None:
+        """Move past ``total`` samples of the stream (every rank does this, in step)."""
+        pos = self.position.advanced(total, self.dataset_len)
+        self.epoch, self.offset = pos.epoch, pos.offset
+
+    def next_indices(self, batch_sizes: list[int], rank: int) -> np.ndarray:
+        """Indices of ``rank``'s batch for this step, then advance by ``sum(batch_sizes)``."""
+        idx, _ = self.slice_at(self.position, batch_sizes, rank)
+        self.advance(int(sum(batch_sizes)))
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "offset": self.offset, "dataset_len": self.dataset_len}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["dataset_len"]) != self.dataset_len:
+            raise ValueError("checkpoint was made with a dataset of a different size")
+        self.seed, self.epoch, self.offset = int(state["seed"]), int(state["epoch"]), int(state["offset"])
+        self._perm_cache.clear()

@@ -1,0 +1,59 @@
+"""The ``bno-hvd`` command (a click group); each subcommand lives in its own module of ``bno_hvd.cli``.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit, never a traceback:
+:class:`UsageError` (exit 2) and :class:`TrainingError` (exit 1). Under MPI, an error every rank
+agrees on is printed by rank 0 alone; an error only one rank found (``err.rank`` is set) is
+printed by that rank, and the job is aborted so that no other rank waits for it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from bno_hvd.cli import allocate, bench, console, docs, experiment, hostfile, train
+from bno_hvd.common.errors import TrainingError, UsageError
+from bno_hvd.common.parsing import clip
+from bno_hvd.runtime.world import launched_rank
+
+
+def fail(message: str, code: int = 2, *, only_this_rank: int | None = None):
+    if only_this_rank is not None:
+        click.echo(f"bno-hvd: error: rank {only_this_rank}: {message}", err=True)
+        sys.stderr.flush()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+            mpi.COMM_WORLD.Abort(code)  # the others may be waiting for this rank in a collective
+        sys.exit(code)
+    if launched_rank() == 0:
+        click.echo(f"bno-hvd: error: {message}", err=True)
+    sys.exit(code)
+
+
+class Group(click.Group):
+    """Turns UsageError, TrainingError and click's own usage errors into one line."""
+
+    def main(self, *args, **kwargs):
+        kwargs.setdefault("standalone_mode", False)
+        try:
+            return super().main(*args, **kwargs)
+        except (UsageError, TrainingError) as err:
+            fail(str(err), err.exit_code, only_this_rank=err.rank)
+        except click.exceptions.Exit as err:
+            sys.exit(err.exit_code)
+        except click.Abort:
+            fail("aborted", 130)
+        except click.ClickException as err:  # click repeats the user's value whole: one short line
+            fail(clip(err.format_message()), err.exit_code)
+
+
+@click.group(cls=Group)
+@click.version_option(package_name="bno-hvd")
+def main():
+    """bno-hvd: heterogeneity-aware data-parallel training on Horovod (BalanceNet allocation)."""
+
+
+for _module in (train, allocate, hostfile, bench, console, docs, experiment):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

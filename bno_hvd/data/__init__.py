@@ -1,0 +1,26 @@
+"""DATA AND MODELS: what is trained. May import :mod:`bno_hvd.common` (and torch, torchvision);
+nothing of the runtime, the lab or the CLI.
+
+- :mod:`.catalog` - names and sizes of the built-in datasets and models (no torch: the CLI starts fast)
+- :mod:`.images` - Fashion-MNIST, MNIST, synthetic data, image folders; augmentation; offline roots
+- :mod:`.models` - the baseline CNN, torchvision models by name, ``package.module:function``
+
+Re-exported (loaded on first use)::
+
+    from bno_hvd.data import torchvision_root, load_datasets
+"""
+
+import importlib
+
+_EXPORTS = {
+    "images": ("Datasets", "load_datasets", "torchvision_root"),
+    "models": ("build_model",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bno_hvd.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

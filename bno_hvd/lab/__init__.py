@@ -1,0 +1,15 @@
+"""THE LABORATORY around the method: slow ranks made on purpose, and the measurements of what
+the strategies do with them. May import :mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`,
+:mod:`bno_hvd.data` and :mod:`bno_hvd.runtime`; never the CLI. Nothing in the production path
+imports the lab: its behaviour enters a run through :mod:`.plugin`.
+
+- :mod:`.plugin` - the lab's way into a run (hooks for the flags below)
+- :mod:`.emulation` - EMULATED slow devices (``--emulate-speed``, ``--emulate-schedule``)
+- :mod:`.cpuquota` - REAL slow ranks: a cgroup per rank with a CPU quota, and its reaper
+- :mod:`.heterogeneity` - what makes a run's ranks differ, and its EMULATED / REAL label
+- :mod:`.faults` - injected faults for the reliability tests
+- :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
+- :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
+- :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
+- :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures
+"""

@@ -1,0 +1,140 @@
+"""Several training runs one after another in one job: ``bno-hvd bench`` (strategies side by side)
+and ``bno-hvd experiment`` (the paper's models x strategies). Every rank runs this; rank 0
+summarises and writes. Runs share the job's MPI world and Horovod, not their state.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+
+from bno_hvd.common.atomic import write_json_atomic
+from bno_hvd.common.errors import TrainingError
+from bno_hvd.lab.averages import merge_experiment
+from bno_hvd.lab.benchstats import (
+    BenchSummary,
+    Move,
+    RankBreakdown,
+    best_plateaus,
+    moves,
+    rank_breakdown,
+    recovery_intervals,
+    rolling_efficiency,
+    summarize,
+    with_speedups,
+)
+from bno_hvd.lab.heterogeneity import from_config
+from bno_hvd.lab.plugin import lab_plugin
+from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
+from bno_hvd.runtime.loop import run_training
+
+
+@dataclass
+class BenchOutcome:
+    """Rank 0's result of a bench: the table rows, the label, recovery per strategy."""
+
+    summaries: list[BenchSummary]
+    label: str
+    recovery: dict[str, list] | None = None
+    changes: list[int] = field(default_factory=list)
+    breakdown: dict[str, list[RankBreakdown]] = field(default_factory=dict)  # per strategy, per rank
+    recovery_vs_best: dict[str, list] | None = None  # ... to 90% of the best strategy's plateau
+    moves: dict[str, list[Move]] = field(default_factory=dict)  # per strategy: every change of its split
+
+
+def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
+    """Train ``base`` once per strategy in ``names``; rank 0 returns the summaries (others None)."""
+    runs = {}
+    for name in names:
+        if world.master:
+            echo(f"== {name}")
+        cfg = base.replace(
+            strategy=name,
+            batch_sizes=base.batch_sizes if name == "fixed" else None,
+            measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
+            log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
+            tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
+        )
+        result = run_training(cfg, world, plugin=lab_plugin)
+        gc.collect()  # free the finished run's model and optimizer before the next one
+        runs[name] = result
+    if not world.master:
+        return None
+    summaries = with_speedups(
+        [summarize(n, r.records, r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()]
+    )
+    hetero = from_config(base, world.size)
+    run_label, changes = hetero.label(), hetero.changes()
+    recovery = relative = None
+    if changes:
+        every = base.rebalance_every
+        eff = {n: rolling_efficiency(r.records, r.rank_steps, every) for n, r in runs.items()}
+        recovery = {n: recovery_intervals(e, changes, every) for n, e in eff.items()}
+        limits = [0.9 * p for p in best_plateaus(eff, changes)]
+        relative = {n: recovery_intervals(e, changes, every, limits) for n, e in eff.items()}
+    breakdown = {n: rank_breakdown(r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()}
+    moved = {n: moves(r.records) for n, r in runs.items()}
+    if out_dir:
+        title = f"weight-update time per update ({base.model}, {world.size} ranks)"
+        records = {n: r.records for n, r in runs.items()}
+        write_bench_outputs(
+            out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative, moved
+        )
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved)
+
+
+def run_experiment(
+    base,
+    models: list[str],
+    strategies: list[str],
+    average_every: int,
+    target: float | None,
+    out_dir: str,
+    world,
+    command: str,
+    echo,
+) -> list[dict] | None:
+    """Every model x strategy; rank 0 writes the report and returns its rows (others None)."""
+    if world.master:
+        path = os.path.join(out_dir, "experiment.json")
+        write_json_atomic(
+            path,
+            merge_experiment(
+                read_experiment_meta(path),
+                {
+                    "models": models,
+                    "strategies": strategies,
+                    "updates": base.updates,
+                    "average_every": average_every,
+                    "eval_every": base.eval_every,
+                    "target_accuracy": target,
+                    "ranks": world.size,
+                    "emulation": from_config(base, world.size).label(),
+                    "config": base.to_dict(),
+                    "command": command,
+                },
+            ),
+        )
+    for model in models:
+        for strategy in strategies:
+            log_dir = run_dir(out_dir, model, strategy)
+            if world.master:  # a failed run must not leave an older run's result behind
+                for stale in ("result.json", "ranks.json"):
+                    if os.path.exists(os.path.join(log_dir, stale)):
+                        os.remove(os.path.join(log_dir, stale))
+                echo(f"== {model} / {strategy}")
+            try:
+                tb = os.path.join(base.tensorboard, model, strategy) if base.tensorboard else None
+                run_training(
+                    base.replace(model=model, strategy=strategy, log_dir=log_dir, tensorboard=tb),
+                    world,
+                    plugin=lab_plugin,
+                )
+            except TrainingError as err:  # every rank sees the same global loss: all end here
+                if world.master:
+                    echo(f"bno-hvd: warning: {model}/{strategy} stopped: {err}")
+            # Horovod's optimizer hooks keep each finished model in reference cycles; without a
+            # full collection every run adds its model, gradients and momentum to the rank's RSS
+            gc.collect()
+    return write_experiment_report(out_dir, warn=echo) if world.master else None

@@ -1,0 +1,277 @@
+"""The public API: uneven, measured batch allocation inside any Horovod training loop.
+
+``Balancer`` is the runtime around an allocation :mod:`strategy <bno_hvd.allocation>` (``balanced``,
+``bno``, ...): it measures this rank, rebalances every K updates through rank 0, and hands each
+rank its slice of the global batch and the loss weight that makes uneven slices exact.
+
+Usage (README has the full example)::
+
+    bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
+    loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
+    for batch in bal.batches(loader, updates=100):     # epoch after epoch
+        step = bal.start_step(batch)                    # checks the batch, gives the loss weight
+        x, y = batch.data
+        opt.zero_grad()
+        (F.cross_entropy(model(x), y) * step.weight).backward()
+        bal.end_compute()
+        opt.step()
+        bal.end_step()                                  # measures; rebalances every K updates
+
+Without a loader, ``start_step()`` gives ``step.indices`` to index an in-memory dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bno_hvd.allocation.sampler import UnevenSampler
+from bno_hvd.allocation.weighting import rank_weight
+from bno_hvd.common.errors import UsageError, WarningLog
+from bno_hvd.runtime.control.controller import Controller
+from bno_hvd.runtime.control.monitor import process_memory_bytes
+from bno_hvd.runtime.control.plane import RankReport
+from bno_hvd.runtime.cpulimit import BindingLimit
+from bno_hvd.runtime.heap import keep_freed_memory
+from bno_hvd.runtime.loader import Batch, LoaderFeed, make_loader
+from bno_hvd.runtime.timing import StepStats, StepTimer
+
+__all__ = ["Balancer", "Step", "StepStats"]
+
+
+@dataclass
+class Step:
+    """One update as seen by one rank."""
+
+    update: int
+    batch_sizes: list[int]  # every rank's batch this update
+    weight: float  # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
+    size: int  # this rank's batch
+    indices: np.ndarray | None = None  # without a loader: this rank's sample indices
+    cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
+
+    @property
+    def micro_batches(self) -> int:
+        """Forward/backward passes this rank's batch takes under its memory cap."""
+        return 1 if self.cap is None else -(-self.size // self.cap)
+
+    def parts(self):
+        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the batch."""
+        per = self.size if self.cap is None else self.cap
+        for start in range(0, self.size, per):
+            stop = min(self.size, start + per)
+            yield slice(start, stop), (stop - start) / self.size
+
+    @property
+    def batch_size(self) -> int:
+        return self.size
+
+    @property
+    def global_batch(self) -> int:
+        return int(sum(self.batch_sizes))
+
+
+class Balancer:
+    """Measures this rank, rebalances every ``rebalance_every`` updates through rank 0, and
+    hands out each rank's slice of the global batch.
+
+    ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
+    :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
+    ``monitor`` is an optional started :class:`bno_hvd.runtime.control.monitor.MetricsMonitor`;
+    ``max_batch`` this rank's memory cap in samples; ``lag`` the allocation lag D (None: the
+    smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
+    may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
+    queued work before the end of compute is timed.
+
+    Its parts, each in its own module: the clock (:class:`~bno_hvd.runtime.timing.StepTimer`),
+    the CPU limit (:class:`~bno_hvd.runtime.cpulimit.BindingLimit`), the control plane and the
+    plan of allocations (:class:`~bno_hvd.runtime.control.controller.Controller`), the sample
+    stream (:class:`~bno_hvd.allocation.sampler.UnevenSampler`).
+    """
+
+    def __init__(
+        self,
+        comm,
+        strategy,
+        dataset_len: int,
+        *,
+        seed: int = 0,
+        rebalance_every: int = 10,
+        monitor=None,
+        window: int = 20,
+        max_batch: int | None = None,
+        lag: int | None = None,
+        report_filter=None,
+        sync=None,
+    ):
+        if rebalance_every < 1:
+            raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
+        keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/runtime/heap.py)
+        self.control = Controller(comm, strategy, lag)
+        self.rank, self.size = self.control.rank, self.control.size
+        self.strategy = strategy
+        self.rebalance_every = rebalance_every
+        self.monitor = monitor
+        self.max_batch = max_batch
+        self.report_filter = report_filter
+        self.sampler = UnevenSampler(dataset_len, seed=seed)
+        self.timer = StepTimer(window, sync)
+        self.limit = BindingLimit()
+        self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
+        self._step: Step | None = None
+
+    # -- what the loop asks ---------------------------------------------------------------
+
+    @property
+    def plan(self):
+        """The :class:`~bno_hvd.allocation.plan.AllocationPlan` every rank holds."""
+        return self.control.plan
+
+    @property
+    def update(self) -> int:
+        """Updates finished (= the index of the next update)."""
+        return self.plan.done
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Every rank's batch of the next update."""
+        return self.plan.sizes(self.plan.done)
+
+    @property
+    def global_batch(self) -> int:
+        return int(sum(self.batch_sizes))
+
+    def loader(self, dataset, **dataloader_kwargs):
+        """A ``torch.utils.data.DataLoader`` of this rank's slices (collective: every rank calls it).
+
+        Takes DataLoader's loading options (``num_workers``, ``prefetch_factor``, ``pin_memory``,
+        ``persistent_workers``, ``collate_fn``, ...) and ``seed_samples`` (see :mod:`bno_hvd.runtime.loader`).
+        Each iteration is one epoch of :class:`bno_hvd.runtime.loader.Batch` objects."""
+        if len(dataset) != self.sampler.dataset_len:
+            raise UsageError(
+                f"the dataset has {len(dataset)} samples but the balancer was made for "
+                f"{self.sampler.dataset_len}; pass len(dataset) to Balancer"
+            )
+        feed = LoaderFeed(self.plan, self.sampler, self.rank, self.agree_lag)
+        return make_loader(feed, dataset, **dataloader_kwargs)
+
+    def batches(self, loader, updates: int):
+        """``loader``'s batches, epoch after epoch, until ``updates`` updates are done."""
+        while self.update < updates:
+            for batch in loader:
+                if self.update >= updates:
+                    return
+                yield batch
+
+    def agree_lag(self, depth: int) -> int:
+        """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""
+        return self.control.agree_lag(depth)
+
+    def start_step(self, batch: Batch | None = None) -> Step:
+        """Begin an update: this rank's work and loss weight. ``batch`` comes from :meth:`loader`."""
+        update = self.plan.done
+        sizes = self.plan.sizes(update)
+        if batch is None:
+            indices, _ = self.sampler.slice_at(self.sampler.position, sizes, self.rank)
+            size = len(indices)
+        else:
+            indices, size = None, self._check(batch, update, sizes)
+        self.timer.start()
+        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
+        return self._step
+
+    def end_compute(self) -> float:
+        """Mark the end of forward+backward; returns the compute phase in seconds."""
+        return self.timer.end_compute(self._require_step().size)
+
+    def end_step(self) -> StepStats:
+        """Mark the end of the optimizer step; rebalances (collectively) every K updates."""
+        step = self._require_step()
+        stats = self.timer.end(step.update, step.batch_sizes)
+        self.sampler.advance(step.global_batch)
+        self.plan.finish_update()
+        self._step = None
+        if self.monitor is not None and self.monitor.error:
+            self.warnings.warn(
+                f"the latency/memory monitor stopped ({self.monitor.error}); allocations use the last measurements"
+            )
+        if self.update % self.rebalance_every == 0:
+            result = self.rebalance()
+            stats.rebalance_seconds, stats.rebalanced = result.seconds, True
+            stats.rank_memory, stats.rank_steps = result.memory_used, result.recent_steps
+            stats.rebalance_note = result.note
+        self.timer.done()
+        return stats
+
+    # -- the control plane ----------------------------------------------------------------
+
+    def report(self) -> RankReport:
+        """This rank's current measurements."""
+        row = self.monitor.latest_row() if self.monitor is not None else _own_row(self.rank, self.size)
+        memory = self.monitor.memory_used if self.monitor is not None else process_memory_bytes()
+        report = RankReport(
+            self.rank,
+            self.timer.steps.ops(),
+            memory,
+            [float(x) for x in row],
+            self.timer.steps.samples(),
+            self.max_batch,
+            warnings=self.warnings.drain() if self.rank != 0 else [],
+            sync_samples=list(self.timer.syncs),
+            sync_cpu=self.timer.sync_cpu(),
+            cpu_limit=self.limit.read(self.timer.cpu_use),
+        )
+        return self.report_filter(report, self.update) if self.report_filter else report
+
+    def rebalance(self):
+        """Collective: gather, allocate on rank 0, broadcast; used from update ``done + lag - 1``."""
+        result = self.control.rebalance(self.report(), self.update)
+        for warning in result.warnings:  # rank 0: the strategy's, and what the other ranks sent
+            self.warnings.warn(warning)
+        return result
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What the next update depends on: updates done, decided allocations, stream position."""
+        return {"update": self.update, "sampler": self.sampler.state_dict(), **self.control.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.control.load_state_dict(state)
+        self.sampler.load_state_dict(state["sampler"])
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check(self, batch, update: int, sizes: list[int]) -> int:
+        if not isinstance(batch, Batch):
+            raise UsageError(f"start_step() takes a batch from Balancer.loader(), got {type(batch).__name__}")
+        if batch.error is not None:
+            raise UsageError(batch.error, rank=self.rank)
+        for note in getattr(batch, "notes", ()):
+            self.warnings.warn(note)
+        if batch.update != update:
+            raise UsageError(
+                f"the loader delivered the batch of update {batch.update} while the loop is at "
+                f"update {update}; one loader per balancer, consumed in order",
+                rank=self.rank,
+            )
+        if batch.size != sizes[self.rank]:
+            raise UsageError(
+                f"batch of update {update} has {batch.size} samples but rank {self.rank} was "
+                f"allocated {sizes[self.rank]}",
+                rank=self.rank,
+            )
+        return batch.size
+
+    def _require_step(self) -> Step:
+        if self._step is None:
+            raise RuntimeError("call start_step() first")
+        return self._step
+
+
+def _own_row(rank: int, size: int) -> np.ndarray:
+    row = np.full(size, np.nan)
+    row[rank] = 0.0
+    return row

@@ -1,0 +1,183 @@
+"""The training loop, run by every rank under horovodrun/mpirun/srun.
+
+Per update: this rank's batch (its slice of the global batch, from the DataLoader), forward,
+loss weighted by the rank's share of the global batch, backward; Horovod sums the gradients
+(``op=Sum``), so the step is the one a single process would take on the whole global batch;
+then measure, and every K updates rebalance through rank 0. Everything around the loop is built
+in :mod:`bno_hvd.runtime.components`; optional behaviour (emulation, faults, CPU quotas, TensorBoard)
+comes in as hooks (:mod:`bno_hvd.runtime.hooks`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch.nn.functional as F
+
+from bno_hvd.common.atomic import write_json_atomic
+from bno_hvd.common.errors import TrainingError
+from bno_hvd.runtime.checkpoint import save_training_state
+from bno_hvd.runtime.clock import Stopwatch
+from bno_hvd.runtime.collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
+from bno_hvd.runtime.components import Run, build_run, save_model
+from bno_hvd.runtime.evaluation import evaluate
+from bno_hvd.runtime.records import RunResult, UpdateRecord, steps_to_json
+from bno_hvd.runtime.runstats import where_time_went
+
+
+def run_training(cfg, world, *, out=sys.stdout, plugin=None) -> RunResult:
+    """Train per ``cfg`` on every rank of ``world`` (:func:`bno_hvd.runtime.world.init_world`);
+    ``plugin`` adds behaviour from outside the runtime (:mod:`bno_hvd.runtime.hooks`)."""
+    run = build_run(cfg, world, plugin)
+    hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
+    clock, records, steps, evals = Stopwatch(), [], [], []
+    try:
+        hooks.start(run)
+        alone = allreduce_alone(hvd, model) if cfg.measure_allreduce else None  # under the run's quotas
+        for batch in bal.batches(run.loader, cfg.updates):  # this rank's batches, epoch after epoch
+            # -- this rank's step: forward, weighted loss, backward ------------------------
+            step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
+            hooks.before_compute(step)
+            lr = set_lr(opt, run.lr())
+            opt.zero_grad()
+            set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
+            x, y = run.inputs(batch.data)
+            loss = 0.0
+            for part, share in step.parts():  # micro-batches: gradients accumulate
+                with run.device.autocast():
+                    part_loss = hooks.loss(F.cross_entropy(model(x[part]), y[part]), step)
+                run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
+                loss = loss + part_loss.detach() * share
+            hooks.after_compute(step)
+            bal.end_compute()
+
+            # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
+            loss_sum = LossSum(hvd, loss * step.weight)
+            wait_for_allreduce(hvd, opt, [loss_sum.handle])
+            optimizer_step(opt, run.scaler)
+            stats = bal.end_step()  # every K updates: rebalance via rank 0
+
+            # -- measure and log ------------------------------------------------------------
+            global_loss = loss_sum.value()
+            if not math.isfinite(global_loss):
+                raise TrainingError(
+                    f"loss became {global_loss} at update {step.update}; lower --lr "
+                    "(the last good checkpoint, if any, is kept)"
+                )
+            steps.append(stats.rank_step(step.size, step.micro_batches))
+            record = None
+            if world.master:
+                record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)
+                records.append(record)
+                run.log.write(record)
+                run.progress.update(record)
+                for warning in bal.warnings.drain():
+                    print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
+            hooks.after_update(record, stats)
+
+            # -- evaluate, checkpoint ---------------------------------------------------------
+            if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
+                evals.append(evaluation_point(run, sum(r.global_batch for r in records), clock))
+            if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
+                save_training_state(cfg, world.control_comm, model, opt, bal)
+        return finish(run, clock, records, steps, evals, out, alone)
+    finally:
+        run.close()
+
+
+def set_lr(optimizer, lr: float) -> float:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def make_record(step, stats, loss: float, lr: float, clock: Stopwatch, base_global: int) -> UpdateRecord:
+    """Rank 0's record of the update just finished (the weight-update time is its full cycle)."""
+    cycle = clock.lap()
+    return UpdateRecord(
+        update=step.update,
+        batch_sizes=step.batch_sizes,
+        weight_update_time=cycle,
+        global_batch=step.global_batch,
+        time=clock.elapsed(),
+        loss=loss,
+        samples_per_s=step.global_batch / cycle if cycle > 0 else 0.0,
+        lr=lr,
+        compute_time=stats.compute_seconds,
+        sync_time=stats.sync_seconds,
+        rebalance_time=stats.rebalance_seconds,
+        base_global_batch=base_global,
+        rank_memory=stats.rank_memory,
+        rebalance_note=stats.rebalance_note,
+    )
+
+
+def evaluation_point(run: Run, samples: int, clock: Stopwatch) -> dict:
+    """Test accuracy now, on the training clock (the evaluation itself is not training time)."""
+    now = clock.elapsed()
+    with clock.paused():
+        correct, total = score_test_split(run)
+    return {"update": run.balancer.update, "samples": samples, "time": now, "accuracy": correct / total}
+
+
+def score_test_split(run: Run) -> tuple[int, int]:
+    w = run.world
+    return evaluate(
+        w.hvd, run.model, run.data.test, w.rank, w.size, run.cfg.eval_batch_size, num_workers=run.cfg.num_workers
+    )
+
+
+def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -> RunResult:
+    """After the last update (collective): gather every rank's steps, evaluate, write results."""
+    cfg, world, bal = run.cfg, run.world, run.balancer
+    wall = clock.elapsed()
+    rank_steps = world.control_comm.gather(steps, root=0)
+    alone_by_rank = world.control_comm.gather(alone, root=0) if alone is not None else None
+    warnings = run.hooks.finish(world.control_comm) + (bal.warnings.drain() if world.master else [])
+    result = RunResult(
+        updates=bal.update,
+        wall_seconds=wall,
+        samples=sum(r.global_batch for r in records),
+        final_loss=records[-1].loss if records else math.nan,
+        final_batch_sizes=bal.batch_sizes,
+        heterogeneity=run.label,
+        evals=evals,
+        warnings=warnings,
+        records=records,
+        rank_steps=rank_steps or [],
+        allreduce_alone=alone_by_rank,
+    )
+    if world.master and rank_steps:
+        result.compute_balance, result.compute_balance_of_means, result.outside_compute_share = where_time_went(
+            records, rank_steps
+        )
+    if run.data.test is not None:
+        correct, total = score_test_split(run)
+        result.test_correct, result.test_total, result.test_accuracy = correct, total, correct / total
+        if world.master:
+            print(
+                f"test accuracy: {correct / total:.4f} ({correct}/{total}) after {bal.update} updates, "
+                f"{result.samples} samples, {wall:.1f} s",
+                file=out,
+                flush=True,
+            )
+    figures = (result.compute_balance, result.compute_balance_of_means, result.outside_compute_share)
+    if world.master and None not in figures:
+        print(
+            f"compute balance {result.compute_balance:.2f} per update, {result.compute_balance_of_means:.2f} of the "
+            f"ranks' means; {result.outside_compute_share:.0%} of the update outside compute; "
+            f"{result.samples_per_s:.1f} samples/s",
+            file=out,
+            flush=True,
+        )
+    if world.master:
+        for warning in warnings:
+            print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
+        if cfg.save_model:
+            save_model(run.model, cfg.save_model)
+        if cfg.log_dir:
+            write_json_atomic(os.path.join(cfg.log_dir, "result.json"), result.summary())
+            write_json_atomic(os.path.join(cfg.log_dir, "ranks.json"), steps_to_json(rank_steps))
+    return result

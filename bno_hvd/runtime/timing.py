@@ -1,0 +1,114 @@
+"""What one rank measures of its own updates: the time before its step, its compute, its sync.
+
+The strategies see a rank's *local* time per update: its compute plus the work before it (getting
+the batch, logging), which delays its arrival at the allreduce just like compute does, and on a
+CPU-starved rank is several times longer than elsewhere. The sync phase (the allreduce and the
+waiting for slower ranks) is kept apart, with the CPU the process spent in it: that is what the
+arrival penalty and the throttled-sync charge of ``balanced`` read (:mod:`bno_hvd.allocation.offsets`).
+
+Usage (what :class:`bno_hvd.runtime.balancer.Balancer` does)::
+
+    timer = StepTimer(window=20, sync=device.synchronize)
+    timer.start()
+    ...forward, backward...
+    timer.end_compute(batch)
+    ...allreduce, optimizer step...
+    stats = timer.end(update, batch_sizes)
+    timer.done()                        # after any rebalance: the next gap starts here
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from bno_hvd.allocation.throughput import StepWindow
+from bno_hvd.runtime.records import RankStep
+
+
+@dataclass
+class StepStats:
+    """What :meth:`bno_hvd.runtime.balancer.Balancer.end_step` measured for the update just finished."""
+
+    update: int
+    batch_sizes: list[int]
+    compute_seconds: float  # start of step -> end of backward (emulated wait included)
+    sync_seconds: float  # end of backward -> optimizer step done (allreduce and waiting)
+    cpu_seconds: float  # CPU time of this process (all threads) in the update
+    cpu_sync_seconds: float = 0.0  # ... of it in the sync phase (the allreduce's work, and any spinning)
+    gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
+    rebalance_seconds: float = 0.0
+    rebalanced: bool = False
+    rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
+    rank_steps: list | None = None  # at a rebalance, on rank 0: every rank's RankReport.recent_steps
+    rebalance_note: str | None = None  # at a rebalance, on rank 0: why it moved, if not to the fit (a probe)
+
+    def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
+        return RankStep(
+            batch,
+            self.compute_seconds,
+            self.sync_seconds,
+            self.rebalance_seconds,
+            self.cpu_seconds,
+            micro_batches,
+            self.gap_seconds,
+            self.cpu_sync_seconds,
+        )
+
+
+class StepTimer:
+    """One rank's clock over its updates, and the recent measurements it reports at a rebalance.
+
+    ``window``: how many recent updates are kept; ``sync()``: waits for a device's queued work
+    before the end of compute is read (a GPU)."""
+
+    def __init__(self, window: int = 20, sync=None):
+        self.sync = sync
+        self.steps = StepWindow(window)  # (batch, local seconds) of recent updates, for the fits
+        self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
+        self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
+        self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
+        self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
+        self._last_end: float | None = None  # when the previous update ended
+
+    def start(self) -> None:
+        """The step begins: its batch is here."""
+        self._t0, self._cpu0 = time.perf_counter(), time.process_time()
+        self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
+
+    def end_compute(self, batch: int) -> float:
+        """Forward and backward are done; returns the compute phase in seconds."""
+        if self.sync is not None:
+            self.sync()
+        self._t_compute, self._cpu_compute = time.perf_counter(), time.process_time()
+        compute = self._t_compute - self._t0
+        self.steps.add(batch, compute + self._gap)
+        return compute
+
+    def end(self, update: int, batch_sizes: list[int]) -> StepStats:
+        """The optimizer step is done: this update's measurements."""
+        now, cpu = time.perf_counter(), time.process_time()
+        stats = StepStats(
+            update,
+            batch_sizes,
+            compute_seconds=self._t_compute - self._t0,
+            sync_seconds=now - self._t_compute,
+            cpu_seconds=cpu - self._cpu0,
+            cpu_sync_seconds=cpu - self._cpu_compute,
+            gap_seconds=self._gap,
+        )
+        self.syncs.append((update, stats.sync_seconds))
+        self.sync_cpus.append(stats.cpu_sync_seconds)
+        self.cpu_use.append((stats.cpu_seconds, now - self._t0))
+        return stats
+
+    def done(self) -> None:
+        """The update is over (after a rebalance, if any): the next step's gap starts now."""
+        self._last_end = time.perf_counter()
+
+    def sync_cpu(self) -> float | None:
+        """Median CPU seconds of the recent sync phases (None before the first update)."""
+        return float(np.median(self.sync_cpus)) if self.sync_cpus else None

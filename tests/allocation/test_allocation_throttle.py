@@ -1,0 +1,168 @@
+"""``balanced`` on CPU-throttled ranks: the sync phase's CPU under a limit, and the probe of a rank
+held at one small batch size. A simulated cluster feeds the strategy the measurements that
+``Balancer`` reports (compute samples, sync CPU, the cgroup's CPU limit); the real runs are in
+BENCHMARKS.md 9.1, 9.3 and 9.9 and the cgroup reading is tested in tests/lab/test_cpuquota.py."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bno_hvd.allocation import ClusterMetrics, make_strategy
+from bno_hvd.allocation.offsets import limit_changed, throttle_offsets
+
+ZERO_LAT = [[0.0] * 4 for _ in range(4)]
+MS = 1e-3
+
+
+def run(strategy, sizes, rebalances, fixed, per_sample, sync_cpu, limits, jitter=0.02, every=10, window=16):
+    """Rebalance ``rebalances`` times, every ``every`` updates, as rank 0 would: each rank's step
+    takes ``(fixed_i + per_sample_i * b_i) * (1 + jitter_i * N(0, 1))``, and the strategy sees each
+    rank's last ``window`` steps (which span the previous split after a move). Returns the splits
+    and the probe of every rebalance."""
+    rng = np.random.default_rng(0)
+    jitter = np.broadcast_to(jitter, (4,))
+    steps = [[] for _ in range(4)]
+    history, probes = [list(sizes)], []
+    for k in range(rebalances):
+        for i in range(4):
+            t = fixed[i] + per_sample[i] * sizes[i]
+            steps[i] += [(sizes[i], t * max(0.2, 1 + jitter[i] * rng.standard_normal())) for _ in range(every)]
+            steps[i] = steps[i][-window:]
+        metrics = ClusterMetrics(
+            ops=[b / (f + c * b) for b, f, c in zip(sizes, fixed, per_sample)],
+            memory_used=[1e9] * 4,
+            latency=ZERO_LAT,
+            compute_samples=[list(s) for s in steps],
+            sync_cpu=list(sync_cpu),
+            cpu_limit=list(limits),
+        )
+        sizes = strategy.rebalance(metrics, sizes, every * (k + 1))
+        history.append(list(sizes))
+        probes.append(strategy.last_probe)
+    return history, probes
+
+
+# The CNN under quotas 0.5,0.5,0.5,0.17 (BENCHMARKS.md 9.1, 9.9): 0.35 ms per sample and 0.5 ms
+# fixed on the fast ranks, three times both on rank 3; every rank burns ~4 ms of CPU per sync.
+STARVED = dict(
+    fixed=[0.5 * MS] * 3 + [1.5 * MS],
+    per_sample=[0.35 * MS] * 3 + [1.05 * MS],
+    sync_cpu=[4 * MS] * 4,
+    limits=[0.5, 0.5, 0.5, 0.17],
+)
+
+
+def test_throttle_offsets_charge_the_sync_cpu_at_the_limits_rate():
+    off = throttle_offsets([4 * MS] * 4, [0.5, 0.5, 0.5, 0.17])
+    # 4 ms at 0.17 of a core takes 19.5 ms beyond a free core's; at 0.5, 4 ms: 15.5 ms more
+    assert off[:3] == pytest.approx([0.0] * 3)
+    assert off[3] == pytest.approx(4 * MS * (1 / 0.17 - 1) - 4 * MS * (1 / 0.5 - 1))
+    # no limit, or a limit of a core or more: nothing to charge
+    assert throttle_offsets([4 * MS, 9 * MS, 4 * MS, 4 * MS], [None, 2.0, None, 1.0]).tolist() == [0.0] * 4
+    assert throttle_offsets([None] * 4, [0.5, 0.5, 0.5, 0.17]).tolist() == [0.0] * 4  # nothing measured
+    # MPI's waits spin: the fast ranks burn 50-60 ms waiting; the work is the least any rank spends
+    off = throttle_offsets([60 * MS, 50 * MS, 55 * MS, 15 * MS], [0.3, 0.3, 0.3, 0.1])
+    assert off[3] == pytest.approx(15 * MS * (1 / 0.1 - 1) - 15 * MS * (1 / 0.3 - 1)) and off[0] == 0.0
+    # equal limits charge equally, so they change no split
+    assert np.ptp(throttle_offsets([4 * MS] * 4, [0.5] * 4)) == 0.0
+
+
+def test_a_starved_rank_gets_less_compute_so_its_sync_starts_early():
+    ours = run(make_strategy("balanced", 4, 32), [32] * 4, 4, **STARVED)[0][-1]
+    compute_only = run(make_strategy("balanced", 4, 32, throttle_weight=0.0), [32] * 4, 4, **STARVED)[0][-1]
+    assert sum(ours) == sum(compute_only) == 128
+    # equal compute finish: 0.5 + 0.35 (128 - b3) / 3 = 1.5 + 1.05 b3 -> b3 = 11.5
+    assert 10 <= compute_only[3] <= 13
+    # with its sync charged at 0.17 of a core, rank 3 is held at the minimum (measured best: 1-4)
+    assert ours[3] <= 2 and min(ours[:3]) >= 41
+
+
+def test_equal_limits_move_nothing():
+    even = dict(STARVED, fixed=[0.5 * MS] * 4, per_sample=[0.35 * MS] * 4, limits=[0.5] * 4)
+    history, probes = run(make_strategy("balanced", 4, 32), [32] * 4, 12, **even)
+    assert all(h == [32] * 4 for h in history) and set(probes) == {None}
+
+
+# After the neighbour leaves, rank 3 is as fast as the others, but it sits at 6 samples: at one
+# size the origin fit charges its fixed cost per sample (1.5 ms / 6 samples looks like 0.6 ms
+# per sample against the others' 0.39 at 40).
+LEFT = dict(
+    fixed=[1.5 * MS] * 4,
+    per_sample=[0.35 * MS] * 4,
+    sync_cpu=[4 * MS] * 4,
+    limits=[0.5] * 4,
+    jitter=[0.25, 0.25, 0.25, 0.6],  # relative noise of a fit 0.06 and 0.15 (measured: 0.04-0.08, 0.13-0.27)
+)
+
+
+def test_a_rank_stuck_at_a_small_size_is_probed_until_it_is_back():
+    history, probes = run(make_strategy("balanced", 4, 32), [41, 40, 41, 6], 20, **LEFT)
+    first = probes.index(3)
+    assert first == 2  # after probe_every = 3 rebalances at one size
+    assert 6 < history[first + 1][3] < 20  # half the way to what the fits propose
+    assert set(probes) == {None, 3} and history[-1][3] >= 16  # back above half the mean share
+
+
+def test_a_probe_says_so_in_the_rebalance_note():
+    strategy = make_strategy("balanced", 4, 32)
+    history, probes = run(strategy, [41, 40, 41, 6], 3, **LEFT)
+    assert probes[-1] == 3 and history[-1][3] > 6
+    assert strategy.last_note.startswith(f"probe: rank 3 from 6 to {history[-1][3]} samples (one batch size for 3")
+    history, probes = run(strategy, history[-1], 1, **LEFT)
+    assert probes == [None] and strategy.last_note is None  # reset at every rebalance
+
+
+def test_without_probes_the_same_rank_stays_stuck():
+    control, probes = run(make_strategy("balanced", 4, 32, probe_every=0), [41, 40, 41, 6], 20, **LEFT)
+    assert all(h[3] == 6 for h in control) and set(probes) == {None}  # the same noise, no probe
+
+
+def test_a_rank_the_fits_want_small_is_not_probed():
+    # the starved rank at 1 sample is right (its sync is charged at 0.17 of a core): no probe
+    history, probes = run(make_strategy("balanced", 4, 32), [43, 42, 42, 1], 20, **STARVED)
+    assert set(probes) == {None} and all(h[3] <= 2 for h in history)
+
+
+def test_a_rank_whose_limit_rose_is_probed_at_once():
+    # the neighbour leaves: rank 3, held at 1 sample under 0.17 of a core, is as fast as the others
+    strategy = make_strategy("balanced", 4, 32)
+    held = run(strategy, [43, 42, 42, 1], 3, **STARVED)[0][-1]
+    assert held[3] <= 2
+    free = dict(LEFT, limits=[0.5] * 4)
+    copy = make_strategy("balanced", 4, 32)
+    copy.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    history, probes = run(strategy, held, 12, **free)
+    assert probes[0] == 3 and history[1][3] > held[3]  # the first rebalance after the change
+    run(copy, held, 1, **free)  # (the same rebalance, on a copy: its note)
+    assert "(its CPU limit changed from 0.17 of a core to 0.5 of a core;" in copy.last_note
+    # control: the same speeds, but no limit reported (nothing says the rank changed): it waits
+    # probe_every rebalances at one size before its first probe
+    control, probes = run(make_strategy("balanced", 4, 32), held, 12, **dict(LEFT, limits=[None] * 4))
+    assert probes.index(3) == 2
+    back = [next(k for k, h in enumerate(hist) if h[3] >= 12) for hist in (history, control)]
+    assert back[0] < back[1], back  # above 12 samples sooner
+    assert history[-1][3] >= 16 and control[-1][3] >= 16  # both back above half the mean share in the end
+
+
+def test_which_limit_changes_count():
+    inf, nan = np.inf, np.nan
+    before = np.array([0.17, 0.17, 0.5, inf, nan, 0.5])
+    now = np.array([0.5, inf, 0.52, 0.5, 0.17, 0.5])
+    # raised; stopped binding (the rank uses less than half of it now); within 10%; started to bind
+    # (a rank given more samples under the same quota); not seen before; unchanged
+    assert limit_changed(before, now).tolist() == [True, True, False, False, False, False]
+
+
+def test_probe_state_survives_a_checkpoint():
+    strategy = make_strategy("balanced", 4, 32, probe_every=50)
+    run(strategy, [41, 40, 41, 6], 4, **LEFT)
+    strategy.shape[3] = 4.3
+    again = make_strategy("balanced", 4, 32, probe_every=50)
+    again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert again.still.tolist() == strategy.still.tolist() == [4] * 4
+    assert again.limits.tolist() == [0.5] * 4 and again.limit_notes == {}
+    strategy.limits[2], strategy.limit_notes[1] = np.inf, "its CPU limit changed from none to 0.5 of a core"
+    again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert again.limits[2] == np.inf and again.limit_notes == strategy.limit_notes
+    np.testing.assert_array_equal(again.shape, strategy.shape)

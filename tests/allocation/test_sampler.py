@@ -1,0 +1,76 @@
+"""The sampler's contract: order depends only on seed and epoch; every sample exactly once
+per epoch under allocations that change every step; global batch independent of N."""
+
+import numpy as np
+import pytest
+
+from bno_hvd.allocation.sampler import UnevenSampler, epoch_permutation, rank_slice
+
+
+def run_steps(n_data, allocations, seed=3):
+    """Every rank's indices per step, each rank with its own sampler (as on a cluster)."""
+    n_ranks = len(allocations[0])
+    samplers = [UnevenSampler(n_data, seed=seed) for _ in range(n_ranks)]
+    steps = []
+    for sizes in allocations:
+        steps.append([samplers[r].next_indices(sizes, r) for r in range(n_ranks)])
+    return steps, samplers
+
+
+def test_rank_slice_starts_at_prefix_sum():
+    assert rank_slice([5, 11, 3, 13], 0) == (0, 5)
+    assert rank_slice([5, 11, 3, 13], 2) == (16, 19)
+    assert rank_slice([5, 11, 3, 13], 3) == (19, 32)
+
+
+def test_exactly_once_per_epoch_with_allocation_changing_every_step():
+    n_data = 97
+    rng = np.random.default_rng(0)
+    allocations = [list(rng.integers(1, 9, size=4)) for _ in range(200)]
+    steps, samplers = run_steps(n_data, allocations)
+    stream = np.concatenate([np.concatenate(s) for s in steps])
+    full_epochs = len(stream) // n_data
+    assert full_epochs >= 3
+    for e in range(full_epochs):
+        chunk = stream[e * n_data : (e + 1) * n_data]
+        assert sorted(chunk.tolist()) == list(range(n_data)), f"epoch {e} not a permutation"
+    assert samplers[0].epoch == full_epochs
+    assert samplers[0].offset == len(stream) % n_data
+    # all ranks advanced identically
+    assert all((s.epoch, s.offset) == (samplers[0].epoch, samplers[0].offset) for s in samplers)
+
+
+def test_each_slice_has_its_allocated_length():
+    steps, _ = run_steps(50, [[5, 11, 3, 13], [1, 1, 1, 40]])
+    assert [len(x) for x in steps[0]] == [5, 11, 3, 13]
+    assert [len(x) for x in steps[1]] == [1, 1, 1, 40]
+
+
+def test_global_batch_independent_of_rank_count():
+    four, _ = run_steps(60, [[5, 11, 3, 13]] * 5)
+    one, _ = run_steps(60, [[32]] * 5)
+    for step4, step1 in zip(four, one):
+        assert np.concatenate(step4).tolist() == step1[0].tolist()
+
+
+def test_order_depends_only_on_seed_and_epoch():
+    a = epoch_permutation(100, seed=1, epoch=2)
+    assert np.array_equal(a, epoch_permutation(100, seed=1, epoch=2))
+    assert not np.array_equal(a, epoch_permutation(100, seed=1, epoch=3))
+    assert not np.array_equal(a, epoch_permutation(100, seed=2, epoch=2))
+
+
+def test_state_round_trip_resumes_the_same_stream():
+    s = UnevenSampler(41, seed=5)
+    for _ in range(7):
+        s.next_indices([3, 4], 1)
+    t = UnevenSampler(41, seed=0)
+    t.load_state_dict(s.state_dict())
+    assert np.array_equal(s.next_indices([6, 2], 0), t.next_indices([6, 2], 0))
+    with pytest.raises(ValueError):
+        UnevenSampler(40).load_state_dict(s.state_dict())
+
+
+def test_rejects_non_positive_batch():
+    with pytest.raises(ValueError):
+        UnevenSampler(10).next_indices([3, 0], 0)

@@ -1,0 +1,53 @@
+"""Start real mpirun/horovodrun jobs and CLI runs as subprocesses, with the project's MPI settings."""
+
+import os
+import subprocess
+import sys
+
+from bno_hvd.cli import launching
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_BIN = os.path.dirname(sys.executable)
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def mpi_env(extra=None):
+    """This environment with the project's MPI settings, the venv first on PATH, this checkout first on PYTHONPATH."""
+    env = launching.mpi_env()
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+def mpirun(np_, args, *, timeout=300, env=None, cwd=None):
+    """Run ``args`` (a list) on ``np_`` ranks with plain mpirun; returns CompletedProcess."""
+    return launching.mpirun(np_, args, timeout=timeout, env=mpi_env(env), cwd=cwd or ROOT)
+
+
+def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
+    cmd = [os.path.join(VENV_BIN, "horovodrun"), "-np", str(np_), "--mpi"]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    else:
+        cmd += ["-H", f"localhost:{np_}"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
+
+
+def python_cmd(*args):
+    return [sys.executable, *args]
+
+
+def bno_cmd(*args):
+    return [sys.executable, "-m", "bno_hvd", *args]
+
+
+def run_cli(*args, timeout=120, env=None):
+    """``bno-hvd ARGS`` in a plain (non-MPI) subprocess."""
+    return subprocess.run(bno_cmd(*args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
+
+
+def assert_ok(proc):
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-4000:]}"
+    )

@@ -1,0 +1,20 @@
+"""A user's own model for ``--model tests.support.user_model:small_mlp`` (tests/runtime/test_loader_ranks.py)."""
+
+from torch import nn
+
+
+class SmallMLP(nn.Module):
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def small_mlp(num_classes: int = 10) -> nn.Module:
+    return SmallMLP(num_classes)
+
+
+def not_a_module():
+    return "a string"

@@ -1,0 +1,64 @@
+"""The Balancer's parts in their own homes (issue 24): the step clock, the binding CPU limit, the
+lab's plugin as the only way lab flags enter a run, and the config's validation table."""
+
+import dataclasses
+import time
+
+import pytest
+
+from bno_hvd.common.errors import UsageError
+from bno_hvd.runtime.components import make_plugin
+from bno_hvd.runtime.config import FIELD_RULES, TrainConfig
+from bno_hvd.runtime.cpulimit import BindingLimit
+from bno_hvd.runtime.hooks import NO_HETEROGENEITY, Plugin
+from bno_hvd.runtime.timing import StepTimer
+
+
+def test_the_step_clock_splits_an_update_into_gap_compute_and_sync():
+    timer = StepTimer(window=4)
+    timer.done()  # the previous update ended here
+    time.sleep(0.02)  # getting the batch
+    timer.start()
+    time.sleep(0.03)  # forward and backward
+    compute = timer.end_compute(batch=8)
+    time.sleep(0.01)  # the allreduce
+    stats = timer.end(update=5, batch_sizes=[8, 8])
+    assert compute >= 0.03 and stats.compute_seconds == compute
+    assert stats.gap_seconds >= 0.02 and stats.sync_seconds >= 0.01
+    assert stats.update == 5 and stats.batch_sizes == [8, 8]
+    ((batch, local),) = timer.steps.samples()  # what the fits see: compute plus the gap before it
+    assert batch == 8 and local == pytest.approx(compute + stats.gap_seconds)
+    assert timer.syncs[-1] == (5, stats.sync_seconds) and timer.sync_cpu() is not None
+
+
+def test_a_cpu_limit_counts_once_it_binds_and_until_it_changes():
+    limit = [0.5]
+    binding = BindingLimit(read_limit=lambda: limit[0])
+    assert binding.read([(0.1, 1.0)]) is None  # 0.1 of a core used under 0.5: it does not bind
+    assert binding.read([(0.3, 1.0)]) == 0.5  # at least half of it used: it binds
+    assert binding.read([(0.05, 1.0)]) == 0.5  # a rank held small waits: still the same limit
+    limit[0] = 1.5
+    assert binding.read([(0.05, 1.0)]) is None  # the limit changed and does not bind
+    limit[0] = None
+    assert binding.read([(0.9, 1.0)]) is None  # no limit at all
+
+
+def test_lab_flags_need_the_lab_plugin():
+    assert make_plugin(TrainConfig(), 4).label == NO_HETEROGENEITY
+    for flags in ({"emulate_speed": (1.0, 0.5)}, {"cpu_quota": (0.5, 0.5)}, {"inject_fault": "kill:0:3"}):
+        with pytest.raises(UsageError, match="needs the lab's plugin"):
+            make_plugin(TrainConfig(**flags), 2)
+    seen = []
+    assert isinstance(make_plugin(TrainConfig(cpu_quota=(0.5,)), 1, lambda cfg, n: seen.append(n) or Plugin()), Plugin)
+    assert seen == [1]
+
+
+def test_the_validation_table_names_real_fields_and_refuses_with_one_line():
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {rule.name for rule in FIELD_RULES} <= fields
+    with pytest.raises(UsageError, match=r"^--batch-sizes must all be positive integers, got 3,0$"):
+        TrainConfig(batch_sizes=(3, 0))
+    with pytest.raises(UsageError, match=r"^--collectives 'tcp': use mpi or gloo$"):
+        TrainConfig(collectives="tcp")
+    with pytest.raises(UsageError, match="--allocation-lag 2 is too small"):
+        TrainConfig(num_workers=1, allocation_lag=2)

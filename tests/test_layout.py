@@ -1,0 +1,127 @@
+"""The layout rules of the package (README "Architecture"), checked on the code as it stands.
+
+- at most 10 entries at the top of bno_hvd/, one wing per role;
+- every wing's ``__init__`` docstring says what it holds and what it may import, and the imports
+  keep to it (the production path - common, allocation, data, runtime - never imports the lab
+  or the CLI; the method is pure);
+- no module name used twice in the package; no file over 350 lines (package, tests, examples,
+  benchmarks); no function over complexity 15 (ruff C901, which the test command runs).
+"""
+
+import ast
+import os
+import re
+
+import pytest
+import tomllib
+from support.jobs import ROOT
+
+PACKAGE = os.path.join(ROOT, "bno_hvd")
+# wing -> the wings it may import (besides itself)
+MAY_IMPORT = {
+    "common": set(),
+    "allocation": {"common"},
+    "data": {"common"},
+    "runtime": {"common", "allocation", "data"},
+    "lab": {"common", "allocation", "data", "runtime"},
+    "cli": {"common", "allocation", "data", "runtime", "lab"},
+}
+# the method is pure: no MPI, no Horovod, no torch, no clock
+NOT_IN_THE_METHOD = {"mpi4py", "horovod", "torch", "torchvision", "time"}
+MAX_LINES = 350
+
+
+def python_files(*tops):
+    for top in tops:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            yield from (os.path.join(folder, f) for f in sorted(files) if f.endswith(".py"))
+
+
+def imports_of(path):
+    """Every module a file imports (also inside functions), as dotted names."""
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0, f"{path}: relative import (the package imports absolutely)"
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_the_top_of_the_package_shows_the_wings():
+    entries = sorted(e for e in os.listdir(PACKAGE) if e != "__pycache__")
+    assert len(entries) <= 10, entries
+    wings = {e for e in entries if os.path.isdir(os.path.join(PACKAGE, e))}
+    assert wings == set(MAY_IMPORT), wings
+    assert set(entries) - wings == {"__init__.py", "__main__.py"}
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_each_wing_says_what_it_holds_and_may_import(wing):
+    doc = ast.get_docstring(ast.parse(open(os.path.join(PACKAGE, wing, "__init__.py")).read()))
+    assert doc and re.search(r"\b(may import|imports nothing)\b", doc, re.I), f"bno_hvd/{wing}/__init__.py"
+    for other in MAY_IMPORT[wing]:
+        assert other in doc, f"bno_hvd/{wing}/__init__.py does not name {other}, which it may import"
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_a_wing_imports_only_what_it_may(wing):
+    allowed = MAY_IMPORT[wing] | {wing}
+    wrong = []
+    for path in python_files(os.path.join("bno_hvd", wing)):
+        for name in imports_of(path):
+            parts = name.split(".")
+            if parts[0] == "bno_hvd" and len(parts) > 1 and parts[1] in MAY_IMPORT and parts[1] not in allowed:
+                wrong.append(f"{os.path.relpath(path, ROOT)} imports {name}")
+            if wing == "allocation" and parts[0] in NOT_IN_THE_METHOD:
+                wrong.append(f"{os.path.relpath(path, ROOT)} imports {name}: the method is pure")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_name_is_used_twice():
+    seen = {}
+    for path in python_files("bno_hvd"):
+        name = os.path.basename(path)[:-3]
+        if name == "__init__":
+            name = os.path.basename(os.path.dirname(path))
+            if name == "bno_hvd":
+                continue
+        seen.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, twice
+
+
+def test_no_file_is_over_350_lines():
+    long = {}
+    for path in python_files("bno_hvd", "tests", "examples", "benchmarks"):
+        with open(path) as fh:
+            lines = sum(1 for _ in fh)
+        if lines > MAX_LINES:
+            long[os.path.relpath(path, ROOT)] = lines
+    assert not long, long
+
+
+def test_the_complexity_limit_is_part_of_the_lint():
+    with open(os.path.join(ROOT, "ruff.toml"), "rb") as fh:
+        conf = tomllib.load(fh)
+    assert "C90" in conf["lint"]["select"] and conf["lint"]["mccabe"]["max-complexity"] == 15
+    assert "ruff check" in open(os.path.join(ROOT, "launch", "test")).read()
+
+
+def test_tests_mirror_the_wings():
+    tests = os.path.join(ROOT, "tests")
+    folders = {d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)) and d != "__pycache__"}
+    assert folders == set(MAY_IMPORT) - {"common"} | {"support"}, folders
+    loose = [f for f in os.listdir(tests) if f.endswith(".py") and f not in ("conftest.py", "test_layout.py")]
+    assert not loose, f"helpers belong in tests/support/, tests in a wing's folder: {loose}"
+
+
+def test_the_public_imports_users_write_keep_working():
+    import bno_hvd
+    from bno_hvd import Balancer, MetricsMonitor, build_model, make_strategy  # noqa: F401
+    from bno_hvd.allocation import bno_batch_sizes  # noqa: F401
+    from bno_hvd.data import torchvision_root  # noqa: F401
+
+    assert all(getattr(bno_hvd, name) is not None for name in bno_hvd.__all__ if name != "__version__")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from bno_hvd.allocation import STRATEGY_NAMES
@@ -9,6 +11,7 @@ from bno_hvd.cli.flags import config_from_flags, train_options
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import parse_name_list
 from bno_hvd.lab.benchstats import format_breakdown, format_moves, format_table
+from bno_hvd.lab.pairing import format_comparison
 
 DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 
@@ -20,6 +23,16 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 )
 @click.option("--warmup", type=int, default=10, show_default=True, help="Updates left out of the averages.")
 @click.option(
+    "--rounds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="1: each strategy's run after the other's. R > 1: all runs alive at once, an untimed warm-up "
+    "of each, then R rounds of one block of (updates - warmup) / R updates per strategy in a new random "
+    "order (from --seed); the table adds each strategy's paired ratio to equal per round: median and a "
+    "bootstrap 95%% interval.",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False),
@@ -27,8 +40,19 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
     help="Write bench.json, bench.csv, bench.png, straggler pictures and each strategy's logs here.",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on rank 0.")
-def bench(strategies, warmup, out_dir, progress, **kw):
+@click.option(
+    "--suite",
+    type=click.Choice(["real"]),
+    default=None,
+    help="Run the profile suite instead of one job (not under mpirun: it launches one 4-rank job per profile, "
+    "REAL limits set by bno-hvd and outside it, a competing process, EMULATED levels; default flags of every "
+    "strategy; --updates 100 --warmup 20 --rounds 4 unless given). Needs --out.",
+)
+@click.option("--profiles", default=None, help="--suite: only these profiles (comma-separated names).")
+def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
+    if suite or profiles:
+        return run_suite_command(strategies, warmup, rounds, out_dir, profiles)
     names = parse_name_list(strategies, "--strategies", STRATEGY_NAMES)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -40,17 +64,24 @@ def bench(strategies, warmup, out_dir, progress, **kw):
     base = config_from_flags(strategy=first, eval=False, progress=progress, **kw)
     if warmup < 0 or warmup + 2 > base.updates:
         raise UsageError(f"--warmup {warmup} must be >= 0 and leave at least 2 of the {base.updates} updates")
+    if rounds < 1 or (rounds > 1 and (base.updates - warmup) // rounds < 2):
+        raise UsageError(
+            f"--rounds {rounds} must be >= 1, and each round needs a block of at least 2 updates: "
+            f"(--updates {base.updates} - --warmup {warmup}) / --rounds is {(base.updates - warmup) // max(rounds, 1)}"
+        )
     # torch, MPI and Horovod load only when a run starts (the CLI itself starts in a tenth of a second)
     from bno_hvd.lab.suites import run_bench
     from bno_hvd.runtime.world import init_world
 
-    outcome = run_bench(
-        base, names, warmup, out_dir, init_world(base.collectives), echo=lambda m: click.echo(m, err=True)
-    )
+    world = init_world(**base.world_options())
+    outcome = run_bench(base, names, warmup, out_dir, world, echo=lambda m: click.echo(m, err=True), rounds=rounds)
     if outcome is None:  # not rank 0
         return
     click.echo(outcome.label)
     click.echo(format_table(outcome.summaries))
+    if outcome.paired:
+        click.echo(f"paired per round ({rounds} rounds, random order each; ratio of samples/s in the same round):")
+        click.echo(format_comparison(outcome.paired, outcome.baseline))
     click.echo("where each rank's update goes (means over the measured updates):")
     for name, rows in outcome.breakdown.items():
         click.echo(f"  {name}:")
@@ -74,3 +105,43 @@ def bench(strategies, warmup, out_dir, progress, **kw):
 
 
 COMMANDS = [bench]
+
+
+SUITE_DEFAULTS = {"updates": 100, "warmup": 20, "rounds": 4}
+
+
+def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
+    """``bench --suite real``: the driver, outside MPI (lab/profiles.py)."""
+    from bno_hvd.cli.launching import mpirun_command
+    from bno_hvd.lab import profiles as suite
+    from bno_hvd.runtime.world import launched_rank
+
+    ctx = click.get_current_context()
+    if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or launched_rank() != 0:
+        raise UsageError(
+            "--suite launches its own mpirun jobs: run 'bno-hvd bench --suite real --out DIR' without mpirun"
+        )
+    if not out_dir:
+        raise UsageError("--suite needs --out DIR (one directory per profile, suite.json and suite.md)")
+    given = {k for k in SUITE_DEFAULTS if ctx.get_parameter_source(k) != click.core.ParameterSource.DEFAULT}
+    values = {"updates": ctx.params["updates"], "warmup": warmup, "rounds": rounds}
+    values = {k: (values[k] if k in given else v) for k, v in SUITE_DEFAULTS.items()}
+    names = (
+        list(suite.STRATEGIES)
+        if ctx.get_parameter_source("strategies") == click.core.ParameterSource.DEFAULT
+        else (parse_name_list(strategies, "--strategies", STRATEGY_NAMES))
+    )
+    chosen = suite.PROFILES
+    if profiles:
+        chosen = [suite.BY_NAME[n] for n in parse_name_list(profiles, "--profiles", list(suite.BY_NAME))]
+    if (values["updates"] - values["warmup"]) // values["rounds"] < 2:
+        raise UsageError("--suite: (--updates - --warmup) / --rounds must leave blocks of at least 2 updates")
+    os.makedirs(out_dir, exist_ok=True)
+    echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    rows = suite.run_suite(
+        chosen, out_dir, values["rounds"], values["updates"], values["warmup"], names, mpirun_command, echo
+    )
+    click.echo(suite.suite_markdown(rows), nl=False)
+    click.echo(f"wrote {out_dir}/suite.json, suite.md and one directory per profile")
+    if any("error" in r for r in rows):
+        raise SystemExit(1)

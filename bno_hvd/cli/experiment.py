@@ -98,7 +98,7 @@ def experiment(
         average_every,
         target_accuracy,
         out_dir,
-        init_world(base.collectives),
+        init_world(**base.world_options()),
         " ".join(sys.argv[1:]),
         echo=lambda m: click.echo(m, err=True),
     )

@@ -284,11 +284,12 @@ def train_options(fn=None, *, exclude=()):
             "collectives",
             click.option(
                 "--collectives",
-                type=click.Choice(["mpi", "gloo"]),
+                type=click.Choice(["auto", "mpi", "gloo"]),
                 default=D.collectives,
                 show_default=True,
-                help="What Horovod's allreduce runs on (the control plane is MPI either way); gloo waits "
-                "without spinning, which CPU-throttled ranks need.",
+                help="What Horovod's allreduce runs on (the control plane is MPI either way). auto: gloo, "
+                "whose waits sleep, where ranks share cores or run under a CPU limit (MPI's waits spin on "
+                "the CPU they need); mpi on dedicated cores and for GPU tensors.",
             ),
         ),
         (

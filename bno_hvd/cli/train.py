@@ -71,7 +71,7 @@ def train(dry_run, world_size, **kw):
     from bno_hvd.runtime.loop import run_training
     from bno_hvd.runtime.world import init_world
 
-    run_training(cfg, init_world(cfg.collectives), plugin=lab_plugin)
+    run_training(cfg, init_world(**cfg.world_options()), plugin=lab_plugin)
 
 
 COMMANDS = [train]

@@ -163,6 +163,8 @@ class CpuQuotaGroup:
 class CpuQuotaHook(Hook):
     """``--cpu-quota``/``--cpu-quota-schedule``: this rank runs under its quota from the first update on."""
 
+    groups_made = 0  # in this process
+
     def __init__(self, schedule: RankSchedule, rank: int, period_us: int | None = None, place=None):
         self.schedule, self.rank = schedule, rank
         self.period_us = period_us or period_for(schedule)
@@ -170,10 +172,13 @@ class CpuQuotaHook(Hook):
         self.group: CpuQuotaGroup | None = None
         self._reaper: subprocess.Popen | None = None
         self._quota = None
+        self._members: list[int] = []  # who was in the group when the run stepped aside
 
     def start(self, run) -> None:
         place = self.place or find_place()
-        self.group = CpuQuotaGroup(place, f"bno-hvd-{os.getpid()}-r{self.rank}", self.period_us)
+        CpuQuotaHook.groups_made += 1  # a job may hold several runs (bench --rounds): one group each
+        name = f"bno-hvd-{os.getpid()}-r{self.rank}-{CpuQuotaHook.groups_made}"
+        self.group = CpuQuotaGroup(place, name, self.period_us)
         self._quota = self.schedule.at(0)[self.rank]
         try:
             self.group.create(self._quota)
@@ -188,6 +193,18 @@ class CpuQuotaHook(Hook):
         if quota != self._quota:  # a neighbour arrives or leaves
             self.group.set_quota(quota)
             self._quota = quota
+
+    def suspend(self) -> None:
+        if self.group is not None and self.group.joined:
+            self._members = self.group.members()  # the rank and its loader workers
+            self.group.leave()
+
+    def resume(self) -> None:
+        if self.group is not None and not self.group.joined:
+            for pid in self._members or [os.getpid()]:
+                if pid != os.getpid():
+                    _write(os.path.join(self.group.path, "cgroup.procs"), str(pid), check=False)  # gone: fine
+            self.group.join()
 
     def finish(self, comm) -> list[str]:
         throttled = comm.gather(self.group.throttled_seconds() if self.group else 0.0, root=0)

@@ -201,6 +201,7 @@ def write_bench_outputs(
     breakdown: dict | None = None,
     recovery_vs_best: dict | None = None,
     moves: dict | None = None,
+    paired: dict | None = None,
 ) -> None:
     """bench.json, bench.csv, bench.png and one straggler picture per strategy."""
     rows = []
@@ -214,6 +215,8 @@ def write_bench_outputs(
             row["rank_breakdown"] = [dataclasses.asdict(b) for b in breakdown[s.strategy]]
         if moves is not None:
             row["moves"] = [dataclasses.asdict(m) for m in moves[s.strategy]]
+        if paired is not None:
+            row["paired"] = paired[s.strategy]  # --rounds: per-round rates, paired ratios, median, interval
         rows.append(row)
     write_json_atomic(os.path.join(out_dir, "bench.json"), rows)
     write_csv(

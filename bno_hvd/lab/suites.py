@@ -25,9 +25,10 @@ from bno_hvd.lab.benchstats import (
     with_speedups,
 )
 from bno_hvd.lab.heterogeneity import from_config
+from bno_hvd.lab.pairing import block_rate, comparison, round_orders
 from bno_hvd.lab.plugin import lab_plugin
 from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
-from bno_hvd.runtime.loop import run_training
+from bno_hvd.runtime.loop import Training, run_training
 
 
 @dataclass
@@ -41,31 +42,92 @@ class BenchOutcome:
     breakdown: dict[str, list[RankBreakdown]] = field(default_factory=dict)  # per strategy, per rank
     recovery_vs_best: dict[str, list] | None = None  # ... to 90% of the best strategy's plateau
     moves: dict[str, list[Move]] = field(default_factory=dict)  # per strategy: every change of its split
+    paired: dict[str, dict] | None = None  # --rounds: per strategy, paired ratios (lab/pairing.py)
+    baseline: str | None = None  # what the paired ratios divide by
 
 
-def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, echo) -> BenchOutcome | None:
-    """Train ``base`` once per strategy in ``names``; rank 0 returns the summaries (others None)."""
+def run_config(base, name: str, out_dir: str | None, **changes):
+    """The config of strategy ``name``'s run in a bench."""
+    return base.replace(
+        strategy=name,
+        batch_sizes=base.batch_sizes if name == "fixed" else None,
+        measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
+        log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
+        tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
+        **changes,
+    )
+
+
+def run_sequential(base, names: list[str], out_dir: str | None, world, echo) -> dict:
+    """One whole run per strategy, in the order given."""
     runs = {}
     for name in names:
         if world.master:
             echo(f"== {name}")
-        cfg = base.replace(
-            strategy=name,
-            batch_sizes=base.batch_sizes if name == "fixed" else None,
-            measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
-            log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
-            tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,
-        )
-        result = run_training(cfg, world, plugin=lab_plugin)
+        runs[name] = run_training(run_config(base, name, out_dir), world, plugin=lab_plugin)
         gc.collect()  # free the finished run's model and optimizer before the next one
-        runs[name] = result
+    return runs
+
+
+def run_interleaved(base, names: list[str], warmup: int, rounds: int, out_dir: str | None, world, echo):
+    """Every strategy's run alive at once: an untimed warm-up of each, then ``rounds`` rounds of
+    one block of updates per strategy, in a new random order per round (rank 0 draws it from
+    ``--seed`` and broadcasts it). Returns the results and, on rank 0, each block's samples/s."""
+    block = (base.updates - warmup) // rounds
+    warm = base.updates - rounds * block  # the remainder of the division warms up too
+    trainings, runs = {}, {}
+    try:
+        for name in names:  # each with its own communicators: the runs' messages never mix
+            trainings[name] = Training(run_config(base, name, out_dir, progress=False), world.fork(), plugin=lab_plugin)
+            trainings[name].suspend()
+        if world.master:
+            echo(f"== warm-up: {warm} untimed updates of each strategy")
+        for name in names:
+            _block(trainings[name], warm)
+        orders = world.control_comm.bcast(round_orders(names, rounds, base.seed) if world.master else None, root=0)
+        rates = {name: [] for name in names}
+        for number, order in enumerate(orders, 1):
+            if world.master:
+                echo(f"== round {number}/{rounds} ({block} updates each): {', '.join(order)}")
+            for name in order:
+                rates[name].append(block_rate(_block(trainings[name], block)))
+        for name in names:
+            trainings[name].resume()
+            runs[name] = trainings.pop(name).finish()
+    finally:
+        for training in trainings.values():  # a failure: close what is still open
+            training.close()
+    return runs, rates
+
+
+def _block(training, updates: int):
+    training.resume()
+    try:
+        return training.advance(updates)
+    finally:
+        training.suspend()
+
+
+def run_bench(
+    base, names: list[str], warmup: int, out_dir: str | None, world, echo, rounds: int = 1
+) -> BenchOutcome | None:
+    """Train ``base`` once per strategy in ``names``, one after another (``rounds`` 1) or
+    interleaved in ``rounds`` rounds; rank 0 returns the summaries (others None)."""
+    paired = baseline = None
+    if rounds > 1:
+        runs, rates = run_interleaved(base, names, warmup, rounds, out_dir, world, echo)
+        baseline = "equal" if "equal" in names else names[0]
+        paired = comparison(rates, baseline, seed=base.seed) if world.master else None
+    else:
+        runs = run_sequential(base, names, out_dir, world, echo)
     if not world.master:
         return None
     summaries = with_speedups(
         [summarize(n, r.records, r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()]
     )
     hetero = from_config(base, world.size)
-    run_label, changes = hetero.label(), hetero.changes()
+    run_label = hetero.label()
+    changes = [c for c in hetero.changes() if c < base.updates]  # a change after the last update is none
     recovery = relative = None
     if changes:
         every = base.rebalance_every
@@ -79,9 +141,9 @@ def run_bench(base, names: list[str], warmup: int, out_dir: str | None, world, e
         title = f"weight-update time per update ({base.model}, {world.size} ranks)"
         records = {n: r.records for n, r in runs.items()}
         write_bench_outputs(
-            out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative, moved
+            out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative, moved, paired
         )
-    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved)
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved, paired, baseline)
 
 
 def run_experiment(

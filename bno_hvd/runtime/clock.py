@@ -6,6 +6,7 @@ Usage::
     cycle = clock.lap()             # seconds since the previous lap (pauses left out)
     with clock.paused():
         evaluate()                  # not counted in elapsed() or the next lap()
+    clock.stop(); ...; clock.go()   # the same, around another run's block (bench --rounds)
     clock.elapsed()                 # training seconds since the start
 """
 
@@ -21,6 +22,7 @@ class Stopwatch:
         self._start = self._last = now()
         self._paused = 0.0  # paused seconds so far
         self._paused_at_lap = 0.0  # paused seconds at the previous lap
+        self._stopped_at = None  # when stop() was called (None: running)
 
     def elapsed(self) -> float:
         """Training seconds since the start."""
@@ -32,6 +34,16 @@ class Stopwatch:
         seconds = now - self._last - (self._paused - self._paused_at_lap)
         self._last, self._paused_at_lap = now, self._paused
         return seconds
+
+    def stop(self) -> None:
+        """Stop counting until :meth:`go` (another run trains in between)."""
+        if self._stopped_at is None:
+            self._stopped_at = self._now()
+
+    def go(self) -> None:
+        if self._stopped_at is not None:
+            self._paused += self._now() - self._stopped_at
+            self._stopped_at = None
 
     @contextmanager
     def paused(self):

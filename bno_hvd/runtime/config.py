@@ -55,7 +55,7 @@ class TrainConfig:
     device: str = "auto"  # auto: GPU local_rank where CUDA is available, else the CPU
     amp: bool = False  # mixed precision (float16 + GradScaler on a GPU, bfloat16 on the CPU)
     threads: int = 1  # torch threads per rank
-    collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi, or gloo (waits without spinning)
+    collectives: str = "auto"  # what Horovod's allreduce runs on: auto, mpi, or gloo (waits without spinning)
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
     measure_allreduce: bool = False  # bench: time the allreduce alone at the start (collectives.allreduce_alone)
@@ -94,6 +94,11 @@ class TrainConfig:
         return [
             f.metadata["plugin"] for f in dataclasses.fields(self) if "plugin" in f.metadata and getattr(self, f.name)
         ]
+
+    def world_options(self) -> dict:
+        """What :func:`bno_hvd.runtime.world.init_world` takes from this config."""
+        throttled = bool(self.cpu_quota or self.cpu_quota_schedule)
+        return {"collectives": self.collectives, "device": self.device, "throttled": throttled}
 
     def check_world(self, size: int) -> None:
         """Checks that need the number of ranks (same result on every rank)."""
@@ -224,7 +229,7 @@ FIELD_RULES: tuple[Rule, ...] = (
         "--emulate-rate must be a positive number of samples/s between 0.1 and 1e7, got {value}",
     ),
     _choice("--device", "device", ("auto", "cpu", "cuda")),
-    _choice("--collectives", "collectives", ("mpi", "gloo")),
+    _choice("--collectives", "collectives", ("auto", "mpi", "gloo")),
     _choice("--optimizer", "optimizer", ("sgd", "adam")),
     _choice("--dtype", "dtype", ("float32", "float64")),
     _choice("--lr-scaling", "lr_scaling", ("linear", "none")),

@@ -1,4 +1,4 @@
-"""Horovod's collectives over Gloo in an MPI-launched job (``--collectives gloo``).
+"""Horovod's collectives over Gloo in an MPI-launched job (``--collectives gloo``, or ``auto``'s choice).
 
 Under ``mpirun``/``srun`` Horovod uses MPI for its collectives, and every MPI wait busy-polls.
 On a rank with a CPU quota that poll spends the quota the rank needs for its own part of the
@@ -6,9 +6,13 @@ allreduce: Horovod's background thread negotiates with every rank each cycle, a 
 throttled (0.5 of a core is 5 ms of every 10) answers late, and the others spin until it does.
 Gloo's TCP transport waits in the kernel instead. Horovod's own launcher (``horovodrun --gloo``)
 would give up the MPI world our control plane needs, so here the ranks of the MPI world set Gloo
-up themselves: rank 0 runs Horovod's rendezvous server in-process, every rank learns its place
+up themselves: rank 0 runs Horovod's rendezvous store in-process, every rank learns its place
 (rank, local rank, cross rank) from an MPI allgather of host names, and Horovod then initialises
 with ``HOROVOD_CONTROLLER=gloo`` and ``HOROVOD_CPU_OPERATIONS=gloo`` beside mpi4py.
+
+The store speaks HTTP without authentication, so it listens only on the address of the interface
+below (127.0.0.1 on one host) and only until every rank has joined (:func:`close_rendezvous`,
+right after ``hvd.init()``); Horovod's own server would listen on 0.0.0.0 for the whole job.
 
 The network interface Gloo binds to: ``BNO_GLOO_IFACE`` if set; ``lo`` when every rank is on one
 host; otherwise the interface holding this host's address in the subnet Open MPI was told to use
@@ -20,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 
 from bno_hvd.common.errors import UsageError
 
@@ -79,9 +84,10 @@ def interface_for(one_host: bool, environ=os.environ) -> tuple[str, str]:
     return chosen, addresses[chosen][0]
 
 
-def init_gloo_env(comm) -> dict:
+def init_gloo_env(comm, required: bool = True) -> dict | None:
     """Collective over ``comm`` (the MPI world): set this process's environment so that
-    ``hvd.init()`` builds a Gloo context of the same ranks. Returns the variables set."""
+    ``hvd.init()`` builds a Gloo context of the same ranks. Returns the variables set; when no
+    rank can tell its interface, :class:`UsageError` if ``required``, else None (nothing set)."""
     hosts = comm.allgather(socket.gethostname())
     place = placement(hosts)[comm.Get_rank()]
     try:
@@ -92,28 +98,13 @@ def init_gloo_env(comm) -> dict:
         error = str(err)
     errors = comm.allgather(error)
     if any(errors):
+        if not required:
+            return None
         raise UsageError(next(e for e in errors if e))
     server = None
     if comm.Get_rank() == 0:
-        from horovod.runner.common.util.hosts import SlotInfo
-        from horovod.runner.http.http_server import RendezvousServer
-
-        server = RendezvousServer()
-        port = server.start()
-        plan = [
-            SlotInfo(
-                p["HOROVOD_HOSTNAME"],
-                p["HOROVOD_RANK"],
-                p["HOROVOD_LOCAL_RANK"],
-                p["HOROVOD_CROSS_RANK"],
-                p["HOROVOD_SIZE"],
-                p["HOROVOD_LOCAL_SIZE"],
-                p["HOROVOD_CROSS_SIZE"],
-            )
-            for p in placement(hosts)
-        ]
-        server.init(plan)
-        rendezvous = (address, port)
+        server = RendezvousStore(address, placement(hosts))
+        rendezvous = (address, server.port)
     else:
         rendezvous = None
     address, port = comm.bcast(rendezvous, root=0)
@@ -128,5 +119,40 @@ def init_gloo_env(comm) -> dict:
         }
     )
     os.environ.update(env)
-    init_gloo_env.server = server  # keep rank 0's server alive for the job
+    init_gloo_env.server = server  # rank 0: closed by close_rendezvous once every rank has joined
     return env
+
+
+class RendezvousStore:
+    """Horovod's rendezvous key-value store (HTTP, no authentication) on ``address`` only.
+
+    Horovod's own ``RendezvousServer.start`` listens on every interface (0.0.0.0); the store is
+    only needed while the ranks build their Gloo contexts in ``hvd.init()``, and only by the ranks,
+    so it listens on the interface Gloo uses (``lo`` on one host) and is closed once every rank
+    has joined (:func:`close_rendezvous`)."""
+
+    def __init__(self, address: str, places: list[dict]):
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        self.httpd = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)  # port 0: the kernel picks
+        self.port = self.httpd.server_address[1]
+        keys = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_CROSS_RANK")
+        sizes = ("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_SIZE")
+        self.httpd.init([SlotInfo(*(p[k] for k in keys + sizes)) for p in places])
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="bno-gloo-rendezvous", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def close_rendezvous(comm) -> None:
+    """Collective, after ``hvd.init()``: every rank has built its Gloo contexts; rank 0 closes the store."""
+    comm.Barrier()
+    server = getattr(init_gloo_env, "server", None)
+    if server is not None:
+        server.close()
+        init_gloo_env.server = None

@@ -18,7 +18,8 @@ Where the loop calls them, per update::
 
 and ``report(report, update)`` is applied to what this rank tells rank 0 at a rebalance.
 ``start`` runs once before the first update (every rank, collectively), ``finish`` after the
-last (collectively; may return warnings for the user), ``close`` always, also after a failure.
+last (collectively; may return warnings for the user), ``close`` always, also after a failure;
+``suspend``/``resume`` around the time other runs of the same job train (``bench --rounds``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class Hook:
     def finish(self, comm) -> list[str]:
         """After the last update (collective over ``comm``); warnings for the user, on rank 0."""
         return []
+
+    def suspend(self) -> None:
+        """Another run of the same job trains now (``bench --rounds``): step aside until :meth:`resume`."""
+
+    def resume(self) -> None:
+        """This run trains again."""
 
     def close(self) -> None:
         """Always, also when the run fails: undo what ``start`` set up."""
@@ -94,6 +101,14 @@ class Hooks(Hook):
 
     def finish(self, comm):
         return [w for h in self.hooks for w in h.finish(comm)]
+
+    def suspend(self):
+        for h in reversed(self.hooks):
+            h.suspend()
+
+    def resume(self):
+        for h in self.hooks:
+            h.resume()
 
     def close(self):
         errors = []

@@ -30,61 +30,122 @@ from bno_hvd.runtime.runstats import where_time_went
 def run_training(cfg, world, *, out=sys.stdout, plugin=None) -> RunResult:
     """Train per ``cfg`` on every rank of ``world`` (:func:`bno_hvd.runtime.world.init_world`);
     ``plugin`` adds behaviour from outside the runtime (:mod:`bno_hvd.runtime.hooks`)."""
-    run = build_run(cfg, world, plugin)
-    hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
-    clock, records, steps, evals = Stopwatch(), [], [], []
+    training = Training(cfg, world, out=out, plugin=plugin)
     try:
-        hooks.start(run)
-        alone = allreduce_alone(hvd, model) if cfg.measure_allreduce else None  # under the run's quotas
-        for batch in bal.batches(run.loader, cfg.updates):  # this rank's batches, epoch after epoch
-            # -- this rank's step: forward, weighted loss, backward ------------------------
-            step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
-            hooks.before_compute(step)
-            lr = set_lr(opt, run.lr())
-            opt.zero_grad()
-            set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
-            x, y = run.inputs(batch.data)
-            loss = 0.0
-            for part, share in step.parts():  # micro-batches: gradients accumulate
-                with run.device.autocast():
-                    part_loss = hooks.loss(F.cross_entropy(model(x[part]), y[part]), step)
-                run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
-                loss = loss + part_loss.detach() * share
-            hooks.after_compute(step)
-            bal.end_compute()
+        training.advance()
+    except BaseException:
+        training.close()
+        raise
+    return training.finish()
 
-            # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
-            loss_sum = LossSum(hvd, loss * step.weight)
-            wait_for_allreduce(hvd, opt, [loss_sum.handle])
-            optimizer_step(opt, run.scaler)
-            stats = bal.end_step()  # every K updates: rebalance via rank 0
 
-            # -- measure and log ------------------------------------------------------------
-            global_loss = loss_sum.value()
-            if not math.isfinite(global_loss):
-                raise TrainingError(
-                    f"loss became {global_loss} at update {step.update}; lower --lr "
-                    "(the last good checkpoint, if any, is kept)"
-                )
-            steps.append(stats.rank_step(step.size, step.micro_batches))
-            record = None
-            if world.master:
-                record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)
-                records.append(record)
-                run.log.write(record)
-                run.progress.update(record)
-                for warning in bal.warnings.drain():
-                    print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
-            hooks.after_update(record, stats)
+class Training:
+    """One run, stepped: :meth:`advance` trains more updates, :meth:`finish` ends it (collective).
 
-            # -- evaluate, checkpoint ---------------------------------------------------------
-            if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
-                evals.append(evaluation_point(run, sum(r.global_batch for r in records), clock))
-            if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
-                save_training_state(cfg, world.control_comm, model, opt, bal)
-        return finish(run, clock, records, steps, evals, out, alone)
-    finally:
-        run.close()
+    ``run_training`` advances it to the end at once; ``bno-hvd bench --rounds`` interleaves
+    several, one block of updates at a time, with :meth:`suspend` / :meth:`resume` around each
+    block (the clock stops and the hooks step aside, e.g. a CPU quota's cgroup, while other runs train).
+    """
+
+    def __init__(self, cfg, world, *, out=sys.stdout, plugin=None):
+        self.cfg, self.world, self.out = cfg, world, out
+        self.run = build_run(cfg, world, plugin)
+        self.clock, self.records, self.steps, self.evals = Stopwatch(), [], [], []
+        try:
+            self.run.hooks.start(self.run)
+            # under the run's quotas
+            self.alone = allreduce_alone(world.hvd, self.run.model) if cfg.measure_allreduce else None
+            self.batches = self.run.balancer.batches(self.run.loader, cfg.updates)  # epoch after epoch
+        except BaseException:
+            self.run.close()
+            raise
+
+    @property
+    def updates_done(self) -> int:
+        return self.run.balancer.update
+
+    def advance(self, updates: int | None = None) -> list[UpdateRecord]:
+        """Train ``updates`` more updates (None: to the end); rank 0's records of them."""
+        first, done = len(self.records), 0
+        if updates is not None and updates <= 0:
+            return []
+        for batch in self.batches:
+            self.update(batch)
+            done += 1
+            if updates is not None and done >= updates:
+                break
+        return self.records[first:]
+
+    def update(self, batch) -> None:
+        """One update of this rank, from its batch (every rank, collectively)."""
+        run, cfg, world = self.run, self.cfg, self.world
+        hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
+        # -- this rank's step: forward, weighted loss, backward ------------------------
+        step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
+        hooks.before_compute(step)
+        lr = set_lr(opt, run.lr())
+        opt.zero_grad()
+        set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
+        x, y = run.inputs(batch.data)
+        loss = 0.0
+        for part, share in step.parts():  # micro-batches: gradients accumulate
+            with run.device.autocast():
+                part_loss = hooks.loss(F.cross_entropy(model(x[part]), y[part]), step)
+            run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
+            loss = loss + part_loss.detach() * share
+        hooks.after_compute(step)
+        bal.end_compute()
+
+        # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
+        loss_sum = LossSum(hvd, loss * step.weight)
+        wait_for_allreduce(hvd, opt, [loss_sum.handle])
+        optimizer_step(opt, run.scaler)
+        stats = bal.end_step()  # every K updates: rebalance via rank 0
+
+        # -- measure and log ------------------------------------------------------------
+        global_loss = loss_sum.value()
+        if not math.isfinite(global_loss):
+            raise TrainingError(
+                f"loss became {global_loss} at update {step.update}; lower --lr "
+                "(the last good checkpoint, if any, is kept)"
+            )
+        self.steps.append(stats.rank_step(step.size, step.micro_batches))
+        record = None
+        if world.master:
+            record = make_record(step, stats, global_loss, lr, self.clock, world.size * cfg.base_batch_size)
+            self.records.append(record)
+            run.log.write(record)
+            run.progress.update(record)
+            for warning in bal.warnings.drain():
+                print(f"bno-hvd: warning: {warning}", file=sys.stderr, flush=True)
+        hooks.after_update(record, stats)
+
+        # -- evaluate, checkpoint ---------------------------------------------------------
+        if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
+            self.evals.append(evaluation_point(run, sum(r.global_batch for r in self.records), self.clock))
+        if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
+            save_training_state(cfg, world.control_comm, model, opt, bal)
+
+    def suspend(self) -> None:
+        """Step aside while other runs train: the clock stops, the hooks let go."""
+        self.clock.stop()
+        self.run.hooks.suspend()
+
+    def resume(self) -> None:
+        self.run.hooks.resume()
+        self.clock.go()
+        self.run.balancer.timer.done()  # the next step's gap starts now, not when this run stepped aside
+
+    def finish(self) -> RunResult:
+        """After the last update (collective): results, then everything is closed."""
+        try:
+            return finish(self.run, self.clock, self.records, self.steps, self.evals, self.out, self.alone)
+        finally:
+            self.run.close()
+
+    def close(self) -> None:
+        """Close without results (after a failure)."""
+        self.run.close()
 
 
 def set_lr(optimizer, lr: float) -> float:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bno_hvd.common.errors import UsageError
-from bno_hvd.runtime.gloo import init_gloo_env
+from bno_hvd.runtime.cpulimit import cpu_limit
+from bno_hvd.runtime.gloo import close_rendezvous, init_gloo_env
 from bno_hvd.runtime.heap import keep_freed_memory
-from bno_hvd.runtime.mpienv import arrange_for_shared_cores, env_count
+from bno_hvd.runtime.mpienv import arrange_for_shared_cores, env_count, ranks_on_this_host, usable_cores
+
+COLLECTIVES = ("auto", "mpi", "gloo")
 
 
 def launched_rank(environ=os.environ) -> int:
@@ -39,10 +42,16 @@ class World:
     control_comm: object  # mpi4py communicator of the control plane
     monitor_comm: object  # mpi4py communicator of the latency monitor
     notes: list[str]  # what start-up arranged, for run.json
+    collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi or gloo (auto resolved)
 
     @property
     def master(self) -> bool:
         return self.rank == 0
+
+    def fork(self) -> World:
+        """Collective: the same job with its own control-plane and monitor communicators, for a
+        run that stays alive beside others (``bench --rounds``), so their messages never mix."""
+        return replace(self, control_comm=self.control_comm.Dup(), monitor_comm=self.monitor_comm.Dup())
 
     def abort(self, code: int) -> None:
         """End every rank of the job now (an error only this rank knows about)."""
@@ -51,27 +60,77 @@ class World:
         MPI.COMM_WORLD.Abort(code)
 
 
-def init_world(collectives: str = "mpi") -> World:
+def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool = False) -> World:
     """Initialise MPI and Horovod in this rank; raises :class:`UsageError` for a wrong launch.
 
-    ``collectives``: what Horovod's allreduce runs on, ``mpi`` or ``gloo``
-    (:mod:`bno_hvd.runtime.gloo`); the control plane always talks MPI."""
+    ``collectives``: what Horovod's allreduce runs on, ``mpi``, ``gloo``
+    (:mod:`bno_hvd.runtime.gloo`) or ``auto`` (:func:`choose_collectives`; ``device`` and
+    ``throttled``, whether bno-hvd will put the ranks under CPU quotas, inform it); the control
+    plane always talks MPI."""
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/runtime/heap.py)
     import horovod.torch as hvd
     from mpi4py import MPI  # initialises MPI (after the environment above is final)
 
+    comm = MPI.COMM_WORLD
+    auto = collectives == "auto"
+    if auto:
+        collectives, why = choose_collectives(comm.allgather(spins_cost_compute(device, throttled)))
+        notes.append(f"--collectives auto: {collectives} ({why})")
     if collectives == "gloo":
-        init_gloo_env(MPI.COMM_WORLD)
-        notes.append("Horovod's collectives run on Gloo (TCP, waits in the kernel); the control plane on MPI")
+        if init_gloo_env(comm, required=not auto) is None:
+            collectives = "mpi"
+            notes.append("--collectives auto: mpi after all (no network interface for Gloo could be told)")
+        else:
+            where = f"{os.environ['HOROVOD_GLOO_RENDEZVOUS_ADDR']}:{os.environ['HOROVOD_GLOO_RENDEZVOUS_PORT']}"
+            notes.append(
+                "Horovod's collectives run on Gloo (TCP, waits in the kernel; interface "
+                f"{os.environ['HOROVOD_GLOO_IFACE']}, rendezvous on {where} until every rank joined); "
+                "the control plane on MPI"
+            )
     hvd.init()
-    world = MPI.COMM_WORLD
-    if world.Get_size() != hvd.size():
+    if collectives == "gloo":
+        close_rendezvous(comm)  # the rendezvous store is needed only while the ranks join
+    if comm.Get_size() != hvd.size():
         raise UsageError(
-            f"mpi4py sees {world.Get_size()} ranks but Horovod sees {hvd.size()}; "
+            f"mpi4py sees {comm.Get_size()} ranks but Horovod sees {hvd.size()}; "
             "launch with horovodrun --mpi (not --gloo) or mpirun"
         )
     if hvd.rank() == 0:
         for note in notes:  # once per job, where the user sees it (and in every run.json)
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
-    return World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), world.Dup(), world.Dup(), notes)
+    return World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
+
+
+def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | None:
+    """Why MPI's busy-polling waits would take CPU this rank needs to compute, or None.
+
+    They do where ranks share cores (more ranks on this host than usable cores) and where a
+    rank runs under a CPU limit (a container's or Slurm's quota, or bno-hvd's ``--cpu-quota``):
+    a waiting rank spends its quota polling, and a throttled rank answers the allreduce late.
+    Not for GPU tensors (their allreduce does not run on the CPU's collectives)."""
+    if device == "cuda" or (device == "auto" and _cuda_available()):
+        return None
+    local, cores = ranks_on_this_host(), usable_cores()
+    if local is not None and local > cores:
+        return f"{local} ranks share {cores} cores"
+    limit = cpu_limit()
+    if throttled or (limit is not None and limit < cores):
+        return "ranks run under a CPU limit"
+    return None
+
+
+def choose_collectives(reasons: list[str | None]) -> tuple[str, str]:
+    """``auto``'s choice from every rank's :func:`spins_cost_compute` (pure): gloo when any rank's
+    spinning would cost compute, MPI otherwise (dedicated cores: MPI's fast paths cost nothing)."""
+    found = [(rank, why) for rank, why in enumerate(reasons) if why]
+    if not found:
+        return "mpi", "dedicated cores, no CPU limit: MPI's waits cost no compute"
+    rank, why = found[0]
+    return "gloo", f"rank {rank}: {why}; Gloo's waits sleep where MPI's spin"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

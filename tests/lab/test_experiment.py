@@ -204,7 +204,7 @@ TINY = [
     "--emulate-speed",
     "1,0.5",
     "--emulate-rate",
-    "400",
+    "100",  # 160 / 320 ms per update: far above the CNN's own compute, also on a busy machine
     "--latency-interval",
     "1",
 ]

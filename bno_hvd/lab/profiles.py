@@ -1,0 +1,318 @@
+"""The profile suite: ``bno-hvd bench --suite real`` (REAL slowness nobody tuned for, and EMULATED).
+
+Every profile is one ``mpirun`` job of 4 ranks running ``bno-hvd bench --rounds R`` with the
+**default flags** of every strategy, so what it shows is what a user gets. Some profiles set the
+CPU limits with bno-hvd's own ``--cpu-quota``; most set them *outside* bno-hvd, as a container or
+a Slurm job does: the suite makes a cgroup per rank and starts each rank inside it
+(:mod:`bno_hvd.lab.confine`); one slows a rank with busy processes on its core, with no quota at
+all. Each profile also runs ``fixed`` at the split a user would write by hand from what they know
+of the ranks (the quotas, the emulated speeds, the share of a core), the bar to clear.
+
+Whatever the suite creates outside its output directory (cgroups, busy processes) is removed
+when a profile ends, also when it fails; a reaper outside the cgroups removes them if the suite
+itself is killed (:func:`bno_hvd.lab.cpuquota.start_reaper`).
+
+Results are labelled per profile: ``REAL`` (cgroup quotas, competing processes) or
+``EMULATED`` (a rank waits as if slower), never one for the other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from bno_hvd.allocation.rounding import round_to_total
+from bno_hvd.common.atomic import write_json_atomic, write_text_atomic
+from bno_hvd.lab.confine import CGROUPS, CPUS
+from bno_hvd.lab.cpuquota import CpuQuotaGroup, find_place, start_reaper
+from bno_hvd.runtime.mpienv import mpi_env
+
+RANKS = 4
+GLOBAL_BATCH = 128  # 4 x the default base batch of 32
+STRATEGIES = ("equal", "balanced", "lbbsp", "proportional", "paramhub", "bno", "fixed")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One way the ranks differ. ``hand``: each rank's speed as a user would guess it (the fixed split)."""
+
+    name: str
+    kind: str  # "REAL" or "EMULATED"
+    what: str  # one line for the table
+    hand: tuple[float, ...]
+    flags: tuple[str, ...] = ()  # bench flags: bno-hvd's own quotas, emulation
+    outside: tuple[float, ...] | None = None  # CPU limits set outside bno-hvd (share of a core per rank)
+    period_ms: float = 10.0  # CFS period of the outside limits
+    competing: int = 0  # busy processes on rank 3's core (ranks 0-2 share the other core)
+    schedule: tuple = ()  # bno-hvd's --cpu-quota-schedule entries: (update, quotas)
+
+    def label(self) -> str:
+        return f"{self.kind}: {self.what}"
+
+
+PROFILES = (
+    Profile(
+        "quota-own-10ms",
+        "REAL",
+        "--cpu-quota 0.45,0.45,0.45,0.15 (set by bno-hvd), period 10 ms",
+        (0.45, 0.45, 0.45, 0.15),
+        flags=("--cpu-quota", "0.45,0.45,0.45,0.15"),
+    ),
+    Profile(
+        "outside-100ms",
+        "REAL",
+        "limits 0.45,0.45,0.45,0.15 set outside (a cgroup per rank, as a container), period 100 ms",
+        (0.45, 0.45, 0.45, 0.15),
+        outside=(0.45, 0.45, 0.45, 0.15),
+        period_ms=100.0,
+    ),
+    Profile(
+        "outside-two-slow-20ms",
+        "REAL",
+        "limits 0.5,0.5,0.17,0.17 set outside, period 20 ms (two throttled ranks)",
+        (0.5, 0.5, 0.17, 0.17),
+        outside=(0.5, 0.5, 0.17, 0.17),
+        period_ms=20.0,
+    ),
+    Profile(
+        "outside-tiny-20ms",
+        "REAL",
+        "limits 0.45,0.45,0.45,0.08 set outside, period 20 ms (a rank below 0.1 of a core)",
+        (0.45, 0.45, 0.45, 0.08),
+        outside=(0.45, 0.45, 0.45, 0.08),
+        period_ms=20.0,
+    ),
+    Profile(
+        "outside-levels-10ms",
+        "REAL",
+        "limits 0.45,0.35,0.25,0.12 set outside, period 10 ms (four levels)",
+        (0.45, 0.35, 0.25, 0.12),
+        outside=(0.45, 0.35, 0.25, 0.12),
+        period_ms=10.0,
+    ),
+    Profile(
+        "outside-equal-10ms",
+        "REAL",
+        "limits 0.45 for every rank set outside, period 10 ms (nothing to balance)",
+        (1.0, 1.0, 1.0, 1.0),
+        outside=(0.45, 0.45, 0.45, 0.45),
+        period_ms=10.0,
+    ),
+    Profile(
+        "competing-process",
+        "REAL",
+        "no quota: ranks 0-2 share core 0, rank 3 shares core 1 with 5 busy processes",
+        (1 / 3, 1 / 3, 1 / 3, 1 / 6),
+        competing=5,
+    ),
+    Profile(
+        "quota-schedule",
+        "REAL",
+        "--cpu-quota-schedule (set by bno-hvd): 0.45 each; rank 3 at 0.12 from update 40 to 80",
+        (0.45, 0.45, 0.45, 0.45 * 0.6 + 0.12 * 0.4),
+        schedule=((0, (0.45, 0.45, 0.45, 0.45)), (40, (0.45, 0.45, 0.45, 0.12)), (80, (0.45, 0.45, 0.45, 0.45))),
+    ),
+    Profile(
+        "emulated-3-levels",
+        "EMULATED",
+        "speeds 1,0.6,0.6,0.3 (three levels)",
+        (1.0, 0.6, 0.6, 0.3),
+        flags=("--emulate-speed", "1,0.6,0.6,0.3"),
+    ),
+    Profile(
+        "emulated-4-levels",
+        "EMULATED",
+        "speeds 1,0.75,0.5,0.25 (four levels)",
+        (1.0, 0.75, 0.5, 0.25),
+        flags=("--emulate-speed", "1,0.75,0.5,0.25"),
+    ),
+)
+BY_NAME = {p.name: p for p in PROFILES}
+
+
+def hand_split(profile: Profile, total: int = GLOBAL_BATCH) -> list[int]:
+    """The split a user would write by hand: the global batch in proportion to ``profile.hand``."""
+    return round_to_total([total * h / sum(profile.hand) for h in profile.hand], total, 1)
+
+
+@dataclass
+class Confinement:
+    """What a profile sets up outside bno-hvd (cgroups, busy processes), and removes again."""
+
+    profile: Profile
+    groups: list = field(default_factory=list)
+    reapers: list = field(default_factory=list)
+    busy: list = field(default_factory=list)
+
+    def __enter__(self) -> dict:
+        env = {}
+        try:
+            if self.profile.outside:
+                place = find_place()
+                period = int(self.profile.period_ms * 1000)
+                for rank, quota in enumerate(self.profile.outside):
+                    group = CpuQuotaGroup(place, f"bno-hvd-suite-{os.getpid()}-r{rank}", period)
+                    self.groups.append(group.create(quota))
+                    self.reapers.append(start_reaper(group.path))
+                env[CGROUPS] = ",".join(g.path for g in self.groups)
+            if self.profile.competing:
+                env[CPUS] = "0,0,0,1"
+                for _ in range(self.profile.competing):
+                    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    os.sched_setaffinity(proc.pid, {1})
+                    self.busy.append(proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        return env
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.busy:
+            proc.kill()
+            proc.wait()
+        for group, reaper in zip(self.groups, self.reapers):
+            group.remove()  # the ranks have ended; the reaper removes it if a member lingers
+            reaper.stdin.close()
+
+
+def bench_args(profile: Profile, out: str, rounds: int, updates: int, warmup: int, strategies) -> list[str]:
+    """The ``bno-hvd bench`` command line of one profile (default flags of every strategy)."""
+    args = [
+        *profile.flags,
+        "--strategies",
+        ",".join(strategies),
+        "--updates",
+        str(updates),
+        "--warmup",
+        str(warmup),
+        "--rounds",
+        str(rounds),
+        "--no-progress",
+        "--out",
+        out,
+    ]
+    if "fixed" in strategies:
+        args += ["--batch-sizes", ",".join(map(str, hand_split(profile)))]
+    if profile.schedule:
+        path = os.path.join(out, "quota-schedule.json")
+        with open(path, "w") as fh:
+            json.dump([{"update": u, "quotas": list(q)} for u, q in profile.schedule], fh)
+        args += ["--cpu-quota-schedule", path]
+    return args
+
+
+def run_profile(profile: Profile, out_dir: str, rounds, updates, warmup, strategies, timeout: float, mpirun_command):
+    """One profile's job; returns its bench.json rows (raises RuntimeError when the job fails).
+    ``mpirun_command(n, args)``: the launcher's command line (:func:`bno_hvd.cli.launching.mpirun_command`)."""
+    out = os.path.join(out_dir, profile.name)
+    os.makedirs(out, exist_ok=True)
+    bno = shutil.which("bno-hvd") or "bno-hvd"
+    cmd = [sys.executable, "-m", "bno_hvd.lab.confine", bno, "bench"]
+    cmd += bench_args(profile, out, rounds, updates, warmup, strategies)
+    with Confinement(profile) as extra, open(os.path.join(out, "bench.log"), "w") as log:
+        proc = subprocess.run(
+            mpirun_command(RANKS, cmd), stdout=log, stderr=subprocess.STDOUT, env=mpi_env(extra=extra), timeout=timeout
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"profile {profile.name}: the job exited with {proc.returncode}; see {out}/bench.log")
+    with open(os.path.join(out, "bench.json")) as fh:
+        return json.load(fh)
+
+
+def run_suite(profiles, out_dir: str, rounds: int, updates: int, warmup: int, strategies, mpirun_command, echo):
+    """Every profile in turn; writes ``suite.json`` and ``suite.md`` in ``out_dir`` after each one
+    (a failed profile is reported and the suite goes on). Returns the summary rows."""
+    rows = []
+    for number, profile in enumerate(profiles, 1):
+        echo(f"== profile {number}/{len(profiles)}: {profile.name} ({profile.label()})")
+        try:
+            bench = run_profile(profile, out_dir, rounds, updates, warmup, strategies, 3600, mpirun_command)
+            rows.append(profile_row(profile, bench))
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+            echo(f"bno-hvd: warning: {err}")
+            rows.append({"profile": profile.name, "label": profile.label(), "error": str(err)})
+        write_json_atomic(os.path.join(out_dir, "suite.json"), rows)
+        write_text_atomic(os.path.join(out_dir, "suite.md"), suite_markdown(rows))
+    return rows
+
+
+def profile_row(profile: Profile, bench: list[dict]) -> dict:
+    """One profile's summary: per strategy, its paired ratio to equal and to the best other, and of ideal."""
+    strategies = {}
+    for row in bench:
+        paired = row.get("paired") or {}
+        strategies[row["strategy"]] = {
+            "vs_equal": [paired.get("median"), paired.get("low"), paired.get("high")],
+            "vs_best_other": paired.get("vs_best_peer", [None, None, None]),
+            "of_ideal": row.get("fraction_of_ideal"),
+            "samples_per_s": row.get("samples_per_s"),
+            "final_batch_sizes": row.get("final_batch_sizes"),
+        }
+    return {
+        "profile": profile.name,
+        "label": profile.label(),
+        "hand_split": hand_split(profile),
+        "strategies": strategies,
+    }
+
+
+def geometric_mean(values) -> float:
+    good = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in good) / len(good)) if good else math.nan
+
+
+def suite_markdown(rows: list[dict], strategy: str = "balanced") -> str:
+    """The suite's table: per profile, every strategy's median paired ratio to equal [95% interval]
+    and of ideal; and ``strategy`` over the best other strategy of each round."""
+    names = sorted(
+        {n for r in rows for n in r.get("strategies", {})}, key=lambda n: STRATEGIES.index(n) if n in STRATEGIES else 99
+    )
+    head = ["profile"] + [f"{n} x equal" for n in names if n != "equal"] + [f"{strategy} / best other"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['profile']} | " + r["error"] + " |")
+            continue
+        cells = [f"{r['profile']} ({r['label'].split(':')[0]})"]
+        for n in names:
+            if n == "equal":
+                continue
+            s = r["strategies"].get(n)
+            cells.append("-" if s is None else f"{_interval(s['vs_equal'])}, {_pct(s['of_ideal'])} of ideal")
+        own = r["strategies"].get(strategy)
+        cells.append("-" if own is None else _interval(own["vs_best_other"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    ratios = [r["strategies"][strategy]["vs_best_other"][0] for r in rows if strategy in r.get("strategies", {})]
+    lows = [r["strategies"][strategy]["vs_best_other"][1] for r in rows if strategy in r.get("strategies", {})]
+    lines.append("")
+    lines.append(
+        f"{strategy} / best other: geometric mean of the medians {geometric_mean(ratios):.3f} over {len(ratios)} "
+        f"profiles; lowest interval end {min((v for v in lows if v is not None), default=math.nan):.3f}"
+    )
+    lines.append("")
+    lines.append(
+        "Labels: REAL = CPU quotas or competing processes on this machine; EMULATED = ranks wait as if slower."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _order(name: str) -> int:
+    return STRATEGIES.index(name) if name in STRATEGIES else len(STRATEGIES)
+
+
+def _interval(v) -> str:
+    median, low, high = (list(v) + [None, None, None])[:3]
+    if median is None:
+        return "-"
+    if low is None:
+        return f"{median:.2f}"
+    return f"{median:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"

@@ -106,3 +106,12 @@ def _values(schedule, plural: str, singular: str) -> str:
     if len(schedule) == 1:
         return f"{plural} " + ",".join(f"{float(v):g}" for v in schedule[0][1])
     return f"schedule of {len(schedule)} {singular} sets"
+
+
+def outside_label(limits: list | None) -> str | None:
+    """The label of CPU limits set outside bno-hvd (a container's, Slurm's), as the ranks read them
+    from their cgroups at the start; None when no rank had one."""
+    if not limits or all(x is None for x in limits):
+        return None
+    shown = ",".join("none" if x is None else f"{float(x):.3g}" for x in limits)
+    return f"REAL: CPU limits set outside bno-hvd (read from each rank's cgroup): {shown} of a core"

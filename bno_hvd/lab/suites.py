@@ -24,7 +24,7 @@ from bno_hvd.lab.benchstats import (
     summarize,
     with_speedups,
 )
-from bno_hvd.lab.heterogeneity import from_config
+from bno_hvd.lab.heterogeneity import NONE, from_config, outside_label
 from bno_hvd.lab.pairing import block_rate, comparison, round_orders
 from bno_hvd.lab.plugin import lab_plugin
 from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
@@ -126,7 +126,8 @@ def run_bench(
         [summarize(n, r.records, r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()]
     )
     hetero = from_config(base, world.size)
-    run_label = hetero.label()
+    outside = outside_label(next(iter(runs.values())).cpu_limits_outside)  # set by a container, Slurm
+    run_label = "; ".join(x for x in (hetero.label(), outside) if x and x != NONE) or NONE
     changes = [c for c in hetero.changes() if c < base.updates]  # a change after the last update is none
     recovery = relative = None
     if changes:

@@ -27,6 +27,7 @@ from bno_hvd.runtime.balancer import Balancer
 from bno_hvd.runtime.checkpoint import restore_training_state
 from bno_hvd.runtime.config import TrainConfig
 from bno_hvd.runtime.control.monitor import MetricsMonitor
+from bno_hvd.runtime.cpulimit import cpu_limit
 from bno_hvd.runtime.device import Device, measure_cap
 from bno_hvd.runtime.hooks import Hooks, Plugin
 from bno_hvd.runtime.runlog import Progress, UpdateLog, check_output_paths
@@ -128,6 +129,7 @@ class Run:
     label: str  # its one line: EMULATED, REAL, or neither
     resumed_from: int | None = None
     scaler: object = None  # a GradScaler with --amp on a GPU
+    outside_limits: list | None = None  # per rank: the CPU limit its cgroup had at the start (None: none)
 
     def __post_init__(self) -> None:
         self.scaler = self.device.grad_scaler()
@@ -220,6 +222,9 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         hooks.close()
         raise
     description = prepared.plugin.description
+    # before the run's hooks start (a --cpu-quota group is joined then): the limits set outside
+    # bno-hvd, by a container, Slurm or a shared node's cgroup
+    outside = world.control_comm.allgather(cpu_limit())
     meta = {
         "config": cfg.to_dict(),
         "world_size": world.size,
@@ -229,6 +234,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         "allocation_lag": balancer.plan.lag,
         "notes": world.notes,
         "resumed_from": resumed_from,
+        "cpu_limits_outside": outside,
     }
     master = world.rank == 0
     log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None, keep_before=resumed_from)
@@ -250,6 +256,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         heterogeneity=description,
         label=prepared.plugin.label,
         resumed_from=resumed_from,
+        outside_limits=outside,
     )
 
 

@@ -209,6 +209,7 @@ def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -
         records=records,
         rank_steps=rank_steps or [],
         allreduce_alone=alone_by_rank,
+        cpu_limits_outside=run.outside_limits,
     )
     if world.master and rank_steps:
         result.compute_balance, result.compute_balance_of_means, result.outside_compute_share = where_time_went(

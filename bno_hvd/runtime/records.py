@@ -110,6 +110,7 @@ class RunResult:
     compute_balance: float | None = None  # mean over updates of mean/max per-rank compute time
     compute_balance_of_means: float | None = None  # the same of each rank's mean compute time
     outside_compute_share: float | None = None  # share of update time not in the slowest rank's compute
+    cpu_limits_outside: list | None = None  # per rank: the CPU limit set outside bno-hvd (None: none)
 
     @property
     def samples_per_s(self) -> float:

@@ -9,10 +9,10 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from support.cgroups import needs_cgroups, our_cgroups, wait_until_gone
 from support.jobs import assert_ok, bno_cmd, horovodrun, mpirun
 
 from bno_hvd.common.errors import UsageError
@@ -78,30 +78,6 @@ def test_the_cpu_limit_is_the_smallest_on_the_way_to_the_root(tmp_path):
     # nothing readable, or no cpu controller: None, never an error (it is read at every rebalance)
     assert cpu_limit(mounts=v2, own="0::/gone/away\n") is None
     assert cpu_limit(mounts="proc /proc proc rw 0 0\n", own="0::/\n") is None
-
-
-def cgroup_reason():
-    """Why real quota runs cannot happen here, or None."""
-    try:
-        find_place()
-    except (UsageError, OSError) as err:
-        return str(err)
-    return None
-
-
-needs_cgroups = pytest.mark.skipif(cgroup_reason() is not None, reason=f"no writable cgroups: {cgroup_reason()}")
-
-
-def our_cgroups():
-    place = find_place()
-    return sorted(n for n in os.listdir(place.parent) if n.startswith("bno-hvd-"))
-
-
-def wait_until_gone(before, seconds=15):
-    deadline = time.time() + seconds
-    while time.time() < deadline and our_cgroups() != before:
-        time.sleep(0.2)
-    return our_cgroups()
 
 
 RUN = [

@@ -1,0 +1,33 @@
+"""Real cgroups in tests: skip where none can be written, and see that a run leaves none behind."""
+
+import os
+import time
+
+import pytest
+
+from bno_hvd.common.errors import UsageError
+from bno_hvd.lab.cpuquota import find_place
+
+
+def cgroup_reason():
+    """Why real quota runs cannot happen here, or None."""
+    try:
+        find_place()
+    except (UsageError, OSError) as err:
+        return str(err)
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(cgroup_reason() is not None, reason=f"no writable cgroups: {cgroup_reason()}")
+
+
+def our_cgroups():
+    place = find_place()
+    return sorted(n for n in os.listdir(place.parent) if n.startswith("bno-hvd-"))
+
+
+def wait_until_gone(before, seconds=15):
+    deadline = time.time() + seconds
+    while time.time() < deadline and our_cgroups() != before:
+        time.sleep(0.2)
+    return our_cgroups()

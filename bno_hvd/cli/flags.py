@@ -288,8 +288,8 @@ def train_options(fn=None, *, exclude=()):
                 default=D.collectives,
                 show_default=True,
                 help="What Horovod's allreduce runs on (the control plane is MPI either way). auto: gloo, "
-                "whose waits sleep, where ranks share cores or run under a CPU limit (MPI's waits spin on "
-                "the CPU they need); mpi on dedicated cores and for GPU tensors.",
+                "whose waits sleep, where any rank runs under a CPU limit (a container's, Slurm's, --cpu-quota: "
+                "MPI's waits spin on the quota the rank needs); mpi otherwise and for GPU tensors.",
             ),
         ),
         (

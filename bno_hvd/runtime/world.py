@@ -22,7 +22,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.runtime.cpulimit import cpu_limit
 from bno_hvd.runtime.gloo import close_rendezvous, init_gloo_env
 from bno_hvd.runtime.heap import keep_freed_memory
-from bno_hvd.runtime.mpienv import arrange_for_shared_cores, env_count, ranks_on_this_host, usable_cores
+from bno_hvd.runtime.mpienv import arrange_for_shared_cores, env_count, usable_cores
 
 COLLECTIVES = ("auto", "mpi", "gloo")
 
@@ -105,27 +105,26 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
 def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | None:
     """Why MPI's busy-polling waits would take CPU this rank needs to compute, or None.
 
-    They do where ranks share cores (more ranks on this host than usable cores) and where a
-    rank runs under a CPU limit (a container's or Slurm's quota, or bno-hvd's ``--cpu-quota``):
-    a waiting rank spends its quota polling, and a throttled rank answers the allreduce late.
-    Not for GPU tensors (their allreduce does not run on the CPU's collectives)."""
+    They do where a rank runs under a CPU limit (a container's or Slurm's quota, or bno-hvd's
+    ``--cpu-quota``): a waiting rank spends its quota polling, and a throttled rank answers the
+    allreduce late. Ranks that merely share cores are not counted: with
+    ``mpi_yield_when_idle`` (set by :func:`bno_hvd.runtime.mpienv.arrange_for_shared_cores`) MPI
+    was faster there (gloo/mpi 0.83, BENCHMARKS.md section 11). Not for GPU tensors either
+    (their allreduce does not run on the CPU's collectives)."""
     if device == "cuda" or (device == "auto" and _cuda_available()):
         return None
-    local, cores = ranks_on_this_host(), usable_cores()
-    if local is not None and local > cores:
-        return f"{local} ranks share {cores} cores"
     limit = cpu_limit()
-    if throttled or (limit is not None and limit < cores):
+    if throttled or (limit is not None and limit < usable_cores()):
         return "ranks run under a CPU limit"
     return None
 
 
 def choose_collectives(reasons: list[str | None]) -> tuple[str, str]:
     """``auto``'s choice from every rank's :func:`spins_cost_compute` (pure): gloo when any rank's
-    spinning would cost compute, MPI otherwise (dedicated cores: MPI's fast paths cost nothing)."""
+    spinning would cost compute, MPI otherwise (no CPU limit: MPI's fast paths win)."""
     found = [(rank, why) for rank, why in enumerate(reasons) if why]
     if not found:
-        return "mpi", "dedicated cores, no CPU limit: MPI's waits cost no compute"
+        return "mpi", "no rank runs under a CPU limit"
     rank, why = found[0]
     return "gloo", f"rank {rank}: {why}; Gloo's waits sleep where MPI's spin"
 

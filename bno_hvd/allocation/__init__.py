@@ -59,10 +59,11 @@ def make_strategy(
     """Build the named strategy; any bad argument raises :class:`UsageError` with a fix.
 
     ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
-    strategy's own knobs (e.g. ``smoothing``/``deadband`` for ``balanced``).
+    strategy's own knobs (e.g. ``smoothing``/``deadband`` for ``balanced``); ``name`` may carry
+    them too, as a spec ``balanced:deadband=0.1:probe_every=0`` (:func:`split_spec`).
     """
-    if name not in _CLASSES:
-        raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
+    name, spec_options = split_spec(name)
+    options = {**spec_options, **options}
     if name == "fixed":
         return FixedStrategy(
             n_ranks, base_batch_size, batch_sizes=batch_sizes, global_batch=global_batch, seed=seed, **options
@@ -74,8 +75,43 @@ def make_strategy(
     return _CLASSES[name](n_ranks, base_batch_size, global_batch=global_batch, seed=seed, **options)
 
 
+def split_spec(spec: str) -> tuple[str, dict]:
+    """``"balanced:deadband=0.1:probe_every=0"`` -> ``("balanced", {"deadband": 0.1, "probe_every": 0})``.
+
+    A strategy with some of its options set, as ``--strategy`` and bench's ``--strategies`` take it
+    (a bench can so compare ``balanced`` with ``balanced:throttle_weight=0``, an ablation). Values
+    are integers, floats, ``none``, ``true`` or ``false``; whether the option exists and its value
+    fits is the strategy's check. :class:`UsageError` names what is wrong."""
+    name, *parts = str(spec).split(":")
+    name = name.strip()
+    if name not in _CLASSES:
+        raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
+    options = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"strategy {spec!r}: write each option as name=value, e.g. balanced:deadband=0.1")
+        options[key.strip()] = _option_value(value.strip())
+    if name == "fixed" and options:
+        raise UsageError("strategy 'fixed' takes no options; give its split with --batch-sizes")
+    return name, options
+
+
+def _option_value(text: str):
+    low = text.lower()
+    if low in ("none", "true", "false"):
+        return {"none": None, "true": True, "false": False}[low]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 __all__ = [
     "STRATEGY_NAMES",
+    "split_spec",
     "make_strategy",
     "Strategy",
     "ClusterMetrics",

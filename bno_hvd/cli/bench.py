@@ -7,7 +7,7 @@ import os
 import click
 
 from bno_hvd.allocation import STRATEGY_NAMES
-from bno_hvd.cli.flags import config_from_flags, train_options
+from bno_hvd.cli.flags import check_strategy, config_from_flags, train_options
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import parse_name_list
 from bno_hvd.lab.benchstats import format_breakdown, format_moves, format_table
@@ -19,7 +19,11 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 @click.command()
 @train_options(exclude=("strategy",))
 @click.option(
-    "--strategies", default=DEFAULT_STRATEGIES, show_default=True, help="Comma-separated strategies to compare."
+    "--strategies",
+    default=DEFAULT_STRATEGIES,
+    show_default=True,
+    help="Comma-separated strategies to compare; a strategy with options set counts as one more "
+    "(balanced,balanced:throttle_weight=0 compares the two: an ablation).",
 )
 @click.option("--warmup", type=int, default=10, show_default=True, help="Updates left out of the averages.")
 @click.option(
@@ -53,7 +57,7 @@ def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
     if suite or profiles:
         return run_suite_command(strategies, warmup, rounds, out_dir, profiles)
-    names = parse_name_list(strategies, "--strategies", STRATEGY_NAMES)
+    names = parse_strategies(strategies)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UsageError(f"--strategies names {','.join(repeated)} more than once; give each strategy once")
@@ -129,7 +133,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     names = (
         list(suite.STRATEGIES)
         if ctx.get_parameter_source("strategies") == click.core.ParameterSource.DEFAULT
-        else (parse_name_list(strategies, "--strategies", STRATEGY_NAMES))
+        else parse_strategies(strategies)
     )
     chosen = suite.PROFILES
     if profiles:
@@ -145,3 +149,13 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     click.echo(f"wrote {out_dir}/suite.json, suite.md and one directory per profile")
     if any("error" in r for r in rows):
         raise SystemExit(1)
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``--strategies``: names or specs (``balanced:probe_every=0``), each checked in one line."""
+    specs = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not specs:
+        raise UsageError(f"--strategies {text!r}: empty list; choose from {','.join(STRATEGY_NAMES)}")
+    for spec in specs:
+        check_strategy(spec)
+    return specs

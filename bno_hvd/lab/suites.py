@@ -50,7 +50,7 @@ def run_config(base, name: str, out_dir: str | None, **changes):
     """The config of strategy ``name``'s run in a bench."""
     return base.replace(
         strategy=name,
-        batch_sizes=base.batch_sizes if name == "fixed" else None,
+        batch_sizes=base.batch_sizes if name.split(":")[0] == "fixed" else None,
         measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
         log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
         tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,

@@ -102,7 +102,7 @@ class TrainConfig:
 
     def check_world(self, size: int) -> None:
         """Checks that need the number of ranks (same result on every rank)."""
-        if self.strategy == "fixed" and self.batch_sizes is None:
+        if self.strategy.split(":")[0] == "fixed" and self.batch_sizes is None:
             raise UsageError("--strategy fixed needs --batch-sizes, one per rank, e.g. --batch-sizes 5,11,3,13")
         if self.batch_sizes is not None and len(self.batch_sizes) != size:
             raise UsageError(

@@ -137,3 +137,24 @@ def test_rebalance_checks_sizes():
         s.rebalance(ClusterMetrics([1] * 3, [1] * 3, [[0] * 3] * 3), [32] * 4, 1)
     with pytest.raises(UsageError, match="ints >= 1"):
         s.rebalance(metrics([1] * 4), [32, 32, 32, 0], 1)
+
+
+def test_a_strategy_spec_carries_its_options():
+    from bno_hvd.allocation import make_strategy, split_spec
+
+    assert split_spec("balanced:deadband=0.1:probe_every=0:noise_sigmas=none") == (
+        "balanced",
+        {"deadband": 0.1, "probe_every": 0, "noise_sigmas": None},
+    )
+    assert split_spec("equal") == ("equal", {})
+    strategy = make_strategy("balanced:deadband=0.2", 4, 32)
+    assert strategy.options["deadband"] == 0.2 and strategy.name == "balanced"
+    for bad, words in [
+        ("nope:x=1", "unknown strategy 'nope'"),
+        ("balanced:deadband", "name=value"),
+        ("fixed:x=1", "takes no options"),
+    ]:
+        with pytest.raises(UsageError, match=words):
+            split_spec(bad)
+    with pytest.raises(UsageError, match="no option 'dedband'"):
+        make_strategy("balanced:dedband=1", 4, 32)

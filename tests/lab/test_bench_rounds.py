@@ -11,7 +11,7 @@ from bno_hvd.lab.pairing import round_orders
 from bno_hvd.lab.profiles import BY_NAME, hand_split
 from bno_hvd.runtime.records import steps_from_json
 
-NAMES = ["equal", "balanced", "fixed"]
+NAMES = ["equal", "balanced", "balanced:throttle_weight=0", "fixed"]  # with an ablation
 
 
 def read_updates(path):

@@ -97,6 +97,14 @@ def split_spec(spec: str) -> tuple[str, dict]:
     return name, options
 
 
+def check_spec(spec: str) -> str:
+    """``spec`` itself, or :class:`UsageError` (one line) when it names no strategy or an option
+    that strategy does not have (checked by building it; the checks do not depend on the ranks)."""
+    if split_spec(spec)[0] != "fixed":
+        make_strategy(spec, 2, 32)
+    return spec
+
+
 def _option_value(text: str):
     low = text.lower()
     if low in ("none", "true", "false"):
@@ -112,6 +120,7 @@ def _option_value(text: str):
 __all__ = [
     "STRATEGY_NAMES",
     "split_spec",
+    "check_spec",
     "make_strategy",
     "Strategy",
     "ClusterMetrics",

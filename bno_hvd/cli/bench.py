@@ -6,8 +6,8 @@ import os
 
 import click
 
-from bno_hvd.allocation import STRATEGY_NAMES
-from bno_hvd.cli.flags import check_strategy, config_from_flags, train_options
+from bno_hvd.allocation import STRATEGY_NAMES, check_spec
+from bno_hvd.cli.flags import config_from_flags, train_options
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import parse_name_list
 from bno_hvd.lab.benchstats import format_breakdown, format_moves, format_table
@@ -156,6 +156,4 @@ def parse_strategies(text: str) -> list[str]:
     specs = [s.strip() for s in str(text).split(",") if s.strip()]
     if not specs:
         raise UsageError(f"--strategies {text!r}: empty list; choose from {','.join(STRATEGY_NAMES)}")
-    for spec in specs:
-        check_strategy(spec)
-    return specs
+    return [check_spec(spec) for spec in specs]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import click
 
-from bno_hvd.allocation import STRATEGY_NAMES, make_strategy
-from bno_hvd.common.errors import UsageError
+from bno_hvd.allocation import STRATEGY_NAMES
 from bno_hvd.common.parsing import CAP, parse_int_list
 from bno_hvd.data.catalog import DATASET_NAMES, MODEL_NAMES
 from bno_hvd.lab.cpuquota import parse_quotas
@@ -77,7 +76,6 @@ def train_options(fn=None, *, exclude=()):
                 "--strategy",
                 default=D.strategy,
                 show_default=True,
-                callback=check_strategy_spec,
                 help=f"Batch allocation strategy: {', '.join(STRATEGY_NAMES)}; options after colons, "
                 "e.g. balanced:deadband=0.1 (README: the strategy options).",
             ),
@@ -348,19 +346,3 @@ def config_from_flags(**kw) -> TrainConfig:
     cfg = TrainConfig(**kw)
     check_lab_config(cfg)
     return cfg
-
-
-def check_strategy_spec(ctx, param, value):
-    """``--strategy NAME[:option=value...]``: the name and every option checked before anything runs."""
-    if value is not None:
-        try:
-            check_strategy(value)
-        except UsageError as err:
-            raise click.BadParameter(str(err)) from None
-    return value
-
-
-def check_strategy(spec: str) -> None:
-    """:class:`UsageError` (one line) when ``spec`` names no strategy or an option it does not have."""
-    if spec.split(":")[0] != "fixed":
-        make_strategy(spec, 2, 32)  # the options' checks do not depend on the number of ranks

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bno_hvd.allocation import check_spec
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
 from bno_hvd.data.catalog import SYNTHETIC_SIZE
@@ -85,6 +86,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for rule in FIELD_RULES:
             rule.check(self)
+        try:  # a strategy and its options (balanced:deadband=0.1): the strategy's own checks
+            check_spec(self.strategy)
+        except UsageError as err:
+            raise UsageError(f"--strategy: {err}") from None
         for needs, message in PAIR_RULES:
             if needs(self):
                 raise UsageError(message(self))

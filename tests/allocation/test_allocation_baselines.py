@@ -140,7 +140,7 @@ def test_rebalance_checks_sizes():
 
 
 def test_a_strategy_spec_carries_its_options():
-    from bno_hvd.allocation import make_strategy, split_spec
+    from bno_hvd.allocation import check_spec, make_strategy, split_spec
 
     assert split_spec("balanced:deadband=0.1:probe_every=0:noise_sigmas=none") == (
         "balanced",
@@ -158,3 +158,6 @@ def test_a_strategy_spec_carries_its_options():
             split_spec(bad)
     with pytest.raises(UsageError, match="no option 'dedband'"):
         make_strategy("balanced:dedband=1", 4, 32)
+    with pytest.raises(UsageError, match="deadband must be in"):
+        check_spec("balanced:deadband=2")
+    assert check_spec("fixed") == "fixed" and check_spec("balanced:deadband=0.2") == "balanced:deadband=0.2"

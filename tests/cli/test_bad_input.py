@@ -43,9 +43,7 @@ def assert_cli_error(result, *words):
 CLI_CASES = [
     ("unknown model", ["--model", "lenet"], ["--model", "'lenet' is not one of"]),
     ("unknown strategy", ["--strategy", "fastest"], ["--strategy", "unknown strategy 'fastest'"]),
-    ("unknown strategy option", ["--strategy", "balanced:dedband=0.1"], ["--strategy", "no option 'dedband'"]),
-    ("strategy option out of range", ["--strategy", "balanced:deadband=2"], ["--strategy", "deadband must be in"]),
-    ("strategy option without value", ["--strategy", "balanced:deadband"], ["--strategy", "name=value"]),
+    ("strategy option", ["--strategy", "balanced:dedband=0.1"], ["--strategy", "no option 'dedband'"]),
     ("unknown dataset", ["--dataset", "cifar"], ["--dataset", "'cifar' is not one of"]),
     ("unknown flag", ["--batchsize", "3"], ["No such option '--batchsize'"]),
     ("non-integer updates", ["--updates", "ten"], ["--updates", "not a valid integer"]),

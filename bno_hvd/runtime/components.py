@@ -233,6 +233,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         "label": prepared.plugin.label,
         "allocation_lag": balancer.plan.lag,
         "notes": world.notes,
+        "collectives": getattr(world, "collectives", None),  # what --collectives auto resolved to
         "resumed_from": resumed_from,
         "cpu_limits_outside": outside,
     }

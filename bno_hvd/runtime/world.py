@@ -76,7 +76,8 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
     auto = collectives == "auto"
     if auto:
         collectives, why = choose_collectives(comm.allgather(spins_cost_compute(device, throttled)))
-        notes.append(f"--collectives auto: {collectives} ({why})")
+        if collectives != "mpi":  # MPI is what a plain Horovod job runs on: nothing to say (run.json has it)
+            notes.append(f"--collectives auto: {collectives} ({why})")
     if collectives == "gloo":
         if init_gloo_env(comm, required=not auto) is None:
             collectives = "mpi"

@@ -126,6 +126,10 @@ def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
     assert wait_until_gone(before) == before
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["label"].startswith("REAL: CPU-throttled ranks (cgroup quota): quotas 0.3,0.3,0.3,0.1")
+    # --collectives auto (the default) chose Gloo, whose waits do not spin on the quotas, and said why
+    assert (
+        run["collectives"] == "gloo" and "--collectives auto: gloo (rank 0: ranks run under a CPU limit" in proc.stderr
+    )
     steps = steps_from_json(json.loads((tmp_path / "ranks.json").read_text()))
     rates = [compute_rate(r[5:]) for r in steps]
     ratio = rates[3] / (sum(rates[:3]) / 3)

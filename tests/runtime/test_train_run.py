@@ -49,6 +49,9 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
     assert records[-1]["loss"] < records[0]["loss"]
     run = json.loads((log_dir / "run.json").read_text())
     assert run["world_size"] == np_ and run["config"]["strategy"] == strategy
+    # no CPU limit: --collectives auto stays on MPI, quietly (run.json says so)
+    assert run["config"]["collectives"] == "auto" and run["collectives"] == "mpi"
+    assert "--collectives auto" not in proc.stderr
     result = json.loads((log_dir / "result.json").read_text())
     assert result["test_accuracy"] == acc
     # compute balance and the share outside compute, printed and in result.json

@@ -163,7 +163,7 @@ class Confinement:
             if self.profile.competing:
                 env[CPUS] = "0,0,0,1"
                 for _ in range(self.profile.competing):
-                    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent)
                     os.sched_setaffinity(proc.pid, {1})
                     self.busy.append(proc)
         except BaseException:
@@ -178,6 +178,14 @@ class Confinement:
         for group, reaper in zip(self.groups, self.reapers):
             group.remove()  # the ranks have ended; the reaper removes it if a member lingers
             reaper.stdin.close()
+
+
+def _die_with_parent() -> None:
+    """In a busy process, before it starts: SIGKILL when the suite ends, however it ends (prctl)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def bench_args(profile: Profile, out: str, rounds: int, updates: int, warmup: int, strategies) -> list[str]:

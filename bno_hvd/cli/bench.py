@@ -156,4 +156,7 @@ def parse_strategies(text: str) -> list[str]:
     specs = [s.strip() for s in str(text).split(",") if s.strip()]
     if not specs:
         raise UsageError(f"--strategies {text!r}: empty list; choose from {','.join(STRATEGY_NAMES)}")
-    return [check_spec(spec) for spec in specs]
+    try:
+        return [check_spec(spec) for spec in specs]
+    except UsageError as err:
+        raise UsageError(f"--strategies {text!r}: {err}") from None

@@ -79,5 +79,5 @@ def test_bench_writes_table_json_csv_png(tmp_path):
 def test_bench_rejects_unknown_strategy():
     proc = horovodrun(1, bno_cmd("bench", "--strategies", "equal,fastest", "--dataset", "synthetic"), timeout=120)
     assert proc.returncode != 0
-    assert "bno-hvd: error: --strategies 'equal,fastest': unknown ['fastest']" in proc.stderr
+    assert "bno-hvd: error: --strategies 'equal,fastest': unknown strategy 'fastest'" in proc.stderr
     assert "Traceback" not in proc.stderr

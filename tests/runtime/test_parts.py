@@ -58,7 +58,7 @@ def test_the_validation_table_names_real_fields_and_refuses_with_one_line():
     assert {rule.name for rule in FIELD_RULES} <= fields
     with pytest.raises(UsageError, match=r"^--batch-sizes must all be positive integers, got 3,0$"):
         TrainConfig(batch_sizes=(3, 0))
-    with pytest.raises(UsageError, match=r"^--collectives 'tcp': use mpi or gloo$"):
+    with pytest.raises(UsageError, match=r"^--collectives 'tcp': use auto or mpi or gloo$"):
         TrainConfig(collectives="tcp")
     with pytest.raises(UsageError, match="--allocation-lag 2 is too small"):
         TrainConfig(num_workers=1, allocation_lag=2)

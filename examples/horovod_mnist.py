@@ -1,38 +1,62 @@
-"""Horovod's PyTorch MNIST example, ported to bno-hvd: uneven per-rank batches through a DataLoader.
-
-Written in the shape of Horovod's examples/pytorch/pytorch_mnist.py (argparse, Net, train_epoch,
-test with DistributedSampler, metric_average). Every line that differs from the plain Horovod
-version ends in a "bno-hvd:" comment; README lists them. Data: Fashion-MNIST from local files
-(nothing is downloaded), read by torchvision.
-
-    horovodrun -np 4 --mpi python examples/horovod_mnist.py --epochs 1
-"""
-
 import argparse
+import os
 
+import horovod
 import horovod.torch as hvd
-import torch
+import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
-from mpi4py import MPI  # bno-hvd: the control plane talks MPI
+from filelock import FileLock
+from packaging import version
 from torchvision import datasets, transforms
 
-from bno_hvd import Balancer, make_strategy  # bno-hvd
-from bno_hvd.data import torchvision_root  # bno-hvd: offline data (torchvision's layout)
+import bno_hvd as bno  # bno-hvd
+from bno_hvd.data import torchvision_root  # offline
 
-parser = argparse.ArgumentParser(description="PyTorch MNIST Example, bno-hvd")
-parser.add_argument("--batch-size", type=int, default=64, help="input batch size per rank (default: 64)")
-parser.add_argument("--test-batch-size", type=int, default=1000, help="input batch size for testing")
-parser.add_argument("--epochs", type=int, default=2, help="number of epochs to train (default: 2)")
-parser.add_argument("--max-batches", type=int, default=0, help="stop an epoch after this many batches (0: all)")
-parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default: 0.01)")
-parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum (default: 0.5)")
-parser.add_argument("--seed", type=int, default=42, help="random seed (default: 42)")
-parser.add_argument("--log-interval", type=int, default=10, help="batches between log lines")
-parser.add_argument("--num-workers", type=int, default=1, help="DataLoader workers per rank")
-parser.add_argument("--strategy", default="balanced", help="bno-hvd allocation strategy")  # bno-hvd
+# Training settings
+parser = argparse.ArgumentParser(description="PyTorch MNIST Example")
+parser.add_argument(
+    "--batch-size", type=int, default=64, metavar="N", help="input batch size for training (default: 64)"
+)
+parser.add_argument(
+    "--test-batch-size", type=int, default=1000, metavar="N", help="input batch size for testing (default: 1000)"
+)
+parser.add_argument("--epochs", type=int, default=10, metavar="N", help="number of epochs to train (default: 10)")
+parser.add_argument("--lr", type=float, default=0.01, metavar="LR", help="learning rate (default: 0.01)")
+parser.add_argument("--momentum", type=float, default=0.5, metavar="M", help="SGD momentum (default: 0.5)")
+parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
+parser.add_argument("--seed", type=int, default=42, metavar="S", help="random seed (default: 42)")
+parser.add_argument(
+    "--log-interval",
+    type=int,
+    default=10,
+    metavar="N",
+    help="how many batches to wait before logging training status",
+)
+parser.add_argument(
+    "--fp16-allreduce", action="store_true", default=False, help="use fp16 compression during allreduce"
+)
+parser.add_argument(
+    "--use-mixed-precision", action="store_true", default=False, help="use mixed precision for training"
+)
+parser.add_argument("--use-adasum", action="store_true", default=False, help="use adasum algorithm to do reduction")
+parser.add_argument(
+    "--gradient-predivide-factor",
+    type=float,
+    default=1.0,
+    help="apply gradient predivide factor in optimizer (default: 1.0)",
+)
+parser.add_argument(
+    "--data-dir", help="location of the training dataset in the local filesystem (will be downloaded if needed)"
+)
+parser.add_argument("--strategy", default="balanced", help="bno-hvd allocation strategy (default: balanced)")  # bno-hvd
+
+# Arguments when not run through horovodrun
+parser.add_argument("--num-proc", type=int)
+parser.add_argument("--hosts", help="hosts to run on in notation: hostname:slots[,host2:slots[,...]]")
+parser.add_argument("--communication", help="collaborative communication to use: gloo, mpi")
 
 
 class Net(nn.Module):
@@ -50,59 +74,153 @@ class Net(nn.Module):
         x = x.view(-1, 320)
         x = F.relu(self.fc1(x))
         x = F.dropout(x, training=self.training)
-        return F.log_softmax(self.fc2(x), dim=1)
+        x = self.fc2(x)
+        return F.log_softmax(x)
 
 
-def train(args):
+def main(args):
+    def train_mixed_precision(epoch, scaler):
+        model.train()
+        # Horovod: set epoch to sampler for shuffling.
+        train_sampler.set_epoch(epoch)
+        for batch_idx, (data, target) in enumerate(train_loader):
+            if args.cuda:
+                data, target = data.cuda(), target.cuda()
+            optimizer.zero_grad()
+            with torch.cuda.amp.autocast():
+                output = model(data)
+                loss = F.nll_loss(output, target)
+
+            scaler.scale(loss).backward()
+            # Make sure all async allreduces are done
+            optimizer.synchronize()
+            # In-place unscaling of all gradients before weights update
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+            # Update scaler in case of overflow/underflow
+            scaler.update()
+
+            if batch_idx % args.log_interval == 0:
+                # Horovod: use train_sampler to determine the number of examples in
+                # this worker's partition.
+                print(
+                    "Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}\tLoss Scale: {}".format(
+                        epoch,
+                        batch_idx * len(data),
+                        len(train_sampler),
+                        100.0 * batch_idx / len(train_loader),
+                        loss.item(),
+                        scaler.get_scale(),
+                    )
+                )
+
     def train_epoch(epoch):
         model.train()
-        for batch_idx, batch in enumerate(train_loader):  # bno-hvd: batches carry their update
-            step = balancer.start_step(batch)  # bno-hvd: checks the batch, gives its loss weight
-            data, target = batch.data  # bno-hvd
+        # Horovod: set epoch to sampler for shuffling.
+        train_sampler.set_epoch(epoch)
+        for batch_idx, (data, target) in enumerate(train_loader):
+            if args.cuda:
+                data, target = data.cuda(), target.cuda()
             optimizer.zero_grad()
             output = model(data)
             loss = F.nll_loss(output, target)
-            (loss * step.weight).backward()  # bno-hvd: weight = this rank's share of the global batch
-            balancer.end_compute()  # bno-hvd: measure this rank's compute
+            loss.backward()
             optimizer.step()
-            balancer.end_step()  # bno-hvd: measure; rebalance every 10 updates
-            if batch_idx % args.log_interval == 0 and hvd.rank() == 0:
-                sizes = ",".join(map(str, step.batch_sizes))  # bno-hvd: this update's allocation
-                print(f"Train Epoch: {epoch} [update {step.update}, batch sizes {sizes}]\tLoss: {loss.item():.6f}")
-            if batch_idx + 1 == args.max_batches:
-                break
+            if batch_idx % args.log_interval == 0:
+                # Horovod: use train_sampler to determine the number of examples in
+                # this worker's partition.
+                print(
+                    "Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}".format(
+                        epoch,
+                        batch_idx * len(data),
+                        len(train_sampler),
+                        100.0 * batch_idx / len(train_loader),
+                        loss.item(),
+                    )
+                )
 
     def metric_average(val, name):
-        return hvd.allreduce(torch.tensor(val), name=name).item()
+        tensor = torch.tensor(val)
+        avg_tensor = hvd.allreduce(tensor, name=name)
+        return avg_tensor.item()
 
     def test():
         model.eval()
-        test_loss, test_accuracy = 0.0, 0.0
-        with torch.no_grad():
-            for data, target in test_loader:
-                output = model(data)
-                test_loss += F.nll_loss(output, target, reduction="sum").item()
-                pred = output.argmax(1, keepdim=True)
-                test_accuracy += pred.eq(target.view_as(pred)).float().sum().item()
+        test_loss = 0.0
+        test_accuracy = 0.0
+        for data, target in test_loader:
+            if args.cuda:
+                data, target = data.cuda(), target.cuda()
+            output = model(data)
+            # sum up batch loss
+            test_loss += F.nll_loss(output, target, size_average=False).item()
+            # get the index of the max log-probability
+            pred = output.data.max(1, keepdim=True)[1]
+            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum()
+
+        # Horovod: use test_sampler to determine the number of examples in
+        # this worker's partition.
         test_loss /= len(test_sampler)
         test_accuracy /= len(test_sampler)
+
+        # Horovod: average metric values across workers.
         test_loss = metric_average(test_loss, "avg_loss")
         test_accuracy = metric_average(test_accuracy, "avg_accuracy")
-        if hvd.rank() == 0:
-            print(f"\nTest set: Average loss: {test_loss:.4f}, Accuracy: {100.0 * test_accuracy:.2f}%\n", flush=True)
 
+        # Horovod: print output only on first rank.
+        if hvd.rank() == 0:
+            print("\nTest set: Average loss: {:.4f}, Accuracy: {:.2f}%\n".format(test_loss, 100.0 * test_accuracy))
+
+    # Horovod: initialize library.
     hvd.init()
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
-    kwargs = {"num_workers": args.num_workers}
-    normalize = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.2860,), (0.3530,))])
-    data_dir = torchvision_root()  # bno-hvd: offline data
-    train_dataset = datasets.FashionMNIST(data_dir, train=True, download=False, transform=normalize)
-    strategy = make_strategy(args.strategy, hvd.size(), args.batch_size)  # bno-hvd: not DistributedSampler
-    balancer = Balancer(MPI.COMM_WORLD.Dup(), strategy, len(train_dataset), seed=args.seed)  # bno-hvd
-    train_loader = balancer.loader(train_dataset, **kwargs)  # bno-hvd: batch size and order: the balancer's
 
-    test_dataset = datasets.FashionMNIST(data_dir, train=False, download=False, transform=normalize)
+    if args.cuda:
+        # Horovod: pin GPU to local rank.
+        torch.cuda.set_device(hvd.local_rank())
+        torch.cuda.manual_seed(args.seed)
+    else:
+        if args.use_mixed_precision:
+            raise ValueError("Mixed precision is only supported with cuda enabled.")
+
+    if args.use_mixed_precision and version.parse(torch.__version__) < version.parse("1.6.0"):
+        raise ValueError("""Mixed precision is using torch.cuda.amp.autocast(),
+                            which requires torch >= 1.6.0""")
+
+    # Horovod: limit # of CPU threads to be used per worker.
+    torch.set_num_threads(1)
+
+    kwargs = {"num_workers": 1, "pin_memory": True} if args.cuda else {}
+    # When supported, use 'forkserver' to spawn dataloader workers instead of 'fork' to prevent
+    # issues with Infiniband implementations that are not fork-safe
+    if (
+        kwargs.get("num_workers", 0) > 0
+        and hasattr(mp, "_supports_context")
+        and mp._supports_context
+        and "forkserver" in mp.get_all_start_methods()
+    ):
+        kwargs["multiprocessing_context"] = "forkserver"
+
+    data_dir = args.data_dir or torchvision_root()  # offline
+    with FileLock(os.path.expanduser("~/.horovod_lock")):
+        train_dataset = datasets.FashionMNIST(  # offline
+            data_dir,
+            train=True,
+            download=False,  # offline
+            transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]),
+        )
+
+    # Horovod: use DistributedSampler to partition the training data.
+    train_sampler = bno.Balancer.for_world(train_dataset, args.batch_size, args.strategy, seed=args.seed)  # bno-hvd
+    train_loader = bno.DataLoader(train_dataset, sampler=train_sampler, **kwargs)  # bno-hvd
+
+    test_dataset = datasets.FashionMNIST(  # offline
+        data_dir,
+        train=False,
+        transform=transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))]),
+    )
+    # Horovod: use DistributedSampler to partition the test data.
     test_sampler = torch.utils.data.distributed.DistributedSampler(
         test_dataset, num_replicas=hvd.size(), rank=hvd.rank()
     )
@@ -111,15 +229,66 @@ def train(args):
     )
 
     model = Net()
-    optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+    bno.exact_dropout(model, train_sampler)  # bno-hvd: dropout masks per sample, so N ranks train as 1 process
+
+    # By default, Adasum doesn't need scaling up learning rate.
+    lr_scaler = hvd.size() if not args.use_adasum else 1
+
+    if args.cuda:
+        # Move model to GPU.
+        model.cuda()
+        # If using GPU Adasum allreduce, scale learning rate by local_size.
+        if args.use_adasum and hvd.nccl_built():
+            lr_scaler = hvd.local_size()
+
+    # Horovod: scale learning rate by lr_scaler.
+    optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
+
+    # Horovod: broadcast parameters & optimizer state.
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    named = model.named_parameters()
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, op=hvd.Sum)  # bno-hvd: Sum, not Average
+
+    # Horovod: (optional) compression algorithm.
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+
+    # Horovod: wrap optimizer with DistributedOptimizer.
+    optimizer = bno.DistributedOptimizer(  # bno-hvd
+        optimizer,
+        balancer=train_sampler,  # bno-hvd
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        op=hvd.Adasum if args.use_adasum else hvd.Average,
+        gradient_predivide_factor=args.gradient_predivide_factor,
+    )
+
+    if args.use_mixed_precision:
+        # Initialize scaler in global scale
+        scaler = torch.cuda.amp.GradScaler()
+
     for epoch in range(1, args.epochs + 1):
-        train_epoch(epoch)
+        if args.use_mixed_precision:
+            train_mixed_precision(epoch, scaler)
+        else:
+            train_epoch(epoch)
+        # Keep test in full precision since computation is relatively light.
         test()
 
 
 if __name__ == "__main__":
-    train(parser.parse_args())
+    args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
+
+    if args.num_proc:
+        # run training through horovod.run
+        print("Running training through horovod.run")
+        horovod.run(
+            main,
+            args=(args,),
+            np=args.num_proc,
+            hosts=args.hosts,
+            use_gloo=args.communication == "gloo",
+            use_mpi=args.communication == "mpi",
+        )
+    else:
+        # this is running via horovodrun
+        main(args)

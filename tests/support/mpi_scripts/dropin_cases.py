@@ -89,6 +89,47 @@ def run_grads(op_name, passes, dataset):
     return failures
 
 
+def run_batches_and_lr(dataset):
+    """``bno`` changes the global batch: each step runs at lr * G_t / G (seen in SGD's update),
+    the param group keeps the user's lr; ``batches(loader, updates=N)`` stops at N, mid-epoch."""
+    bal = bno.Balancer.for_world(dataset, B, "bno", seed=SEED, rebalance_every=2)
+    loader = bno.DataLoader(dataset, sampler=bal)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    opt = bno.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), balancer=bal)
+    failures, seen = [], 0
+    for stop in (7, 10):  # 10 updates of 16 samples: the second call continues mid-epoch
+        for x, t in bal.batches(loader, updates=stop):
+            seen += 1
+            factor = bal.current_step.global_batch / bal.strategy.global_batch
+            before = model.weight.detach().clone()
+            opt.zero_grad()
+            ((model(x).reshape(-1) - t) ** 2).mean().backward()
+            opt.step()
+            grad, moved = model.weight.grad, model.weight.detach() - before
+            i = grad.abs().argmax()
+            lr = (-moved.reshape(-1)[i] / grad.reshape(-1)[i]).item()
+            if abs(lr - 0.1 * factor) > 1e-9 or opt.param_groups[0]["lr"] != 0.1:
+                failures.append(f"lr used {lr}, want {0.1 * factor}; group lr {opt.param_groups[0]['lr']}")
+        if bal.update != stop or seen != stop:
+            failures.append(f"batches(updates={stop}) ended at update {bal.update} after {seen} batches")
+    return failures
+
+
+def run_adasum_on_even_batches(dataset):
+    """Adasum is accepted where batches are always even (``equal``), and steps."""
+    bal = bno.Balancer.for_world(dataset, B, "equal", seed=SEED)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    opt = bno.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), balancer=bal, named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+    )  # fmt: skip
+    for x, t in bal.batches(bno.DataLoader(dataset, sampler=bal), updates=3):
+        opt.zero_grad()
+        ((model(x).reshape(-1) - t) ** 2).mean().backward()
+        opt.step()
+    return [] if bal.update == 3 and torch.isfinite(model.weight).all() else [f"adasum: {bal.update} updates"]
+
+
 def main(case):
     hvd.init()
     torch.set_num_threads(1)
@@ -99,6 +140,10 @@ def main(case):
             found = run_grads(op_name, passes, dataset)
             failures += found
             print(f"rank {hvd.rank()}: op={op_name} passes={passes}: {'ok' if not found else found}", flush=True)
+        for name, check in (("batches+lr", run_batches_and_lr), ("adasum-even", run_adasum_on_even_batches)):
+            found = check(dataset)
+            failures += found
+            print(f"rank {hvd.rank()}: {name}: {'ok' if not found else found}", flush=True)
         sys.exit(1 if failures else 0)
     bal = bno.Balancer.for_world(dataset, B, "balanced", seed=SEED)
     model = torch.nn.Linear(3, 1, bias=False).double()

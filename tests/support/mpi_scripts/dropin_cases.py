@@ -112,6 +112,11 @@ def run_batches_and_lr(dataset):
                 failures.append(f"lr used {lr}, want {0.1 * factor}; group lr {opt.param_groups[0]['lr']}")
         if bal.update != stop or seen != stop:
             failures.append(f"batches(updates={stop}) ended at update {bal.update} after {seen} batches")
+    # what replaces Horovod's lr * hvd.size(): the global batch over B
+    wide = bno.Balancer.for_world(dataset, B, "balanced", global_batch=6 * hvd.size())
+    scales = (bal.lr_scale(), wide.lr_scale(), wide.lr_scale("none"))
+    if scales != (hvd.size(), 1.5 * hvd.size(), 1.0):
+        failures.append(f"lr_scale() gave {scales}")
     return failures
 
 

@@ -12,7 +12,7 @@ from filelock import FileLock
 from packaging import version
 from torchvision import datasets, transforms
 
-import bno_hvd as bno  # bno-hvd
+import bno_hvd as bno  # bno-hvd: Horovod's pytorch_mnist.py, ported: the port is the lines marked so
 from bno_hvd.data import torchvision_root  # offline
 
 # Training settings

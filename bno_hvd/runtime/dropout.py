@@ -7,7 +7,7 @@ over 4 ranks, sample i meets a different mask than in one process holding the wh
 j-th dropout call of a forward is drawn from a generator seeded by (seed, epoch, sample index, j),
 whatever rank, split or micro-batch order the sample is in. The model's code stays as it is:
 ``nn.Dropout``, ``nn.Dropout1d/2d/3d``, ``F.dropout`` and ``F.dropout1d/2d/3d`` are intercepted
-(a ``TorchFunctionMode`` that is active only inside the model's forward).
+(a ``TorchFunctionMode`` that is active only inside the model's forward in training mode).
 
 Usage::
 
@@ -103,12 +103,17 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
 
     mode = SampleDropout(keys, balancer.sampler.seed)
 
+    entered = []  # per forward in progress: whether it entered the mode (training only: eval draws nothing)
+
     def enter(module, inputs):
-        mode.calls = 0
-        mode.__enter__()
+        entered.append(module.training)
+        if module.training:
+            mode.calls = 0
+            mode.__enter__()
 
     def leave(module, inputs, output):
-        mode.__exit__(None, None, None)
+        if entered.pop():
+            mode.__exit__(None, None, None)
 
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave, always_call=True)

@@ -2,12 +2,16 @@
 exact_dropout): the update of the whole global batch under uneven splits, and one line for
 what cannot be exact. Under mpirun (real Horovod, 4 or 2 ranks), and the dropout masks alone."""
 
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
-from support.jobs import mpirun, python_cmd
+from support.jobs import ROOT, mpirun, python_cmd
 
+from bno_hvd.cli import launching
 from bno_hvd.common.errors import UsageError
+from bno_hvd.runtime import mpienv
 from bno_hvd.runtime.dropout import SampleDropout
 
 SCRIPT = "tests/support/mpi_scripts/dropin_cases.py"
@@ -36,6 +40,19 @@ def test_what_cannot_be_exact_is_refused_with_one_line(case, words):
     assert proc.returncode == 2, text[-3000:]
     assert len(errors) == 1 and words in errors[0], text[-3000:]
     assert "Traceback" not in text and "was not refused" not in text
+
+
+def test_a_script_on_shared_cores_without_yield_when_idle_is_told_once():
+    """MPI starts in the user's hvd.init(), before bno-hvd could set OMPI_MCA_mpi_yield_when_idle:
+    for_world says so in one note (2 ranks pinned to one core, the setting dropped)."""
+    env = mpienv.mpi_env()
+    env.pop(mpienv.YIELD)
+    cmd = ["taskset", "-c", "0", *launching.mpirun_command(2, python_cmd(SCRIPT, "note"))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("bno-hvd: note:")]
+    assert len(notes) == 1 and "OMPI_MCA_mpi_yield_when_idle is not set" in notes[0], proc.stderr[-2000:]
+    assert proc.stdout.count("balancer for 50 samples, 25 of them here") == 2
 
 
 class Net(torch.nn.Module):

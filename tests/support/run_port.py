@@ -1,11 +1,12 @@
-"""Run ``examples/horovod_mnist.py`` unchanged, in float64, and keep what the port's test compares.
+"""Run ``examples/horovod_mnist.py`` (or its plain Horovod twin) unchanged, in float64, and keep
+what the port's tests compare.
 
-Usage (under horovodrun/mpirun): ``python tests/support/run_port.py OUT_DIR [example args]``
+Usage (under horovodrun/mpirun): ``python tests/support/run_port.py OUT_DIR SCRIPT [script args]``
 
 - torch's default dtype is float64 before the example runs (torchvision's ``ToTensor`` follows it,
   so the data, the model and the gradients are float64);
 - a global forward hook (torch's public ``register_module_forward_hook``) notes the size of the
-  batch of every training forward of the example's ``Net`` (``OUT_DIR/sizes-RANK.json``), and
+  batch of every training forward of the script's ``Net`` (``OUT_DIR/sizes-RANK.json``), and
   rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``).
 """
 
@@ -17,9 +18,6 @@ import struct
 import sys
 
 import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXAMPLE = os.path.join(ROOT, "examples", "horovod_mnist.py")
 
 
 def write_fashion_subset(root, source: str, train: int, test: int) -> str:
@@ -43,8 +41,8 @@ def write_fashion_subset(root, source: str, train: int, test: int) -> str:
 
 
 def main() -> None:
-    out = sys.argv[1]
-    sys.argv = [EXAMPLE, *sys.argv[2:]]
+    out, script = sys.argv[1:3]
+    sys.argv = [script, *sys.argv[3:]]
     torch.set_default_dtype(torch.float64)
     seen = {"model": None, "sizes": []}
 
@@ -55,7 +53,7 @@ def main() -> None:
                 seen["sizes"].append(int(inputs[0].shape[0]))
 
     torch.nn.modules.module.register_module_forward_hook(note)
-    runpy.run_path(EXAMPLE, run_name="__main__")
+    runpy.run_path(script, run_name="__main__")
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
         json.dump(seen["sizes"], fh)

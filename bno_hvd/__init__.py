@@ -4,6 +4,13 @@ Public API (re-exports only, loaded on first use so that the CLI starts without 
 
     from bno_hvd import Balancer, make_strategy, MetricsMonitor
 
+A Horovod script's port (README "Your own Horovod script")::
+
+    import bno_hvd as bno
+    train_sampler = bno.Balancer.for_world(train_dataset, args.batch_size)
+    train_loader = bno.DataLoader(train_dataset, sampler=train_sampler, **kwargs)
+    optimizer = bno.DistributedOptimizer(optimizer, balancer=train_sampler, named_parameters=...)
+
 The package is built in wings; each wing's ``__init__`` says what it holds and what it may import:
 
 - :mod:`bno_hvd.common`     - errors, durable writes, parsing of user values (imports no other wing)
@@ -31,6 +38,8 @@ _EXPORTS = {
     "lab.emulation": ("DeviceEmulator",),
     "runtime.balancer": ("Balancer", "Step", "StepStats"),
     "runtime.control.monitor": ("MetricsMonitor",),
+    "runtime.dropin": ("DataLoader", "DistributedOptimizer"),
+    "runtime.dropout": ("exact_dropout",),
     "runtime.hooks": ("Hook", "Plugin"),
     "runtime.loader": ("Batch",),
     "runtime.records": ("RankStep", "UpdateRecord"),

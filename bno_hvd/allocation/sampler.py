@@ -34,6 +34,16 @@ def rank_slice(batch_sizes: list[int], rank: int) -> tuple[int, int]:
     return start, start + int(batch_sizes[rank])
 
 
+def updates_left(dataset_len: int, offset: int, global_batch: int) -> int:
+    """Global batches that start in an epoch from ``offset`` on (the last one may cross its end)."""
+    return -(-(int(dataset_len) - int(offset)) // int(global_batch))
+
+
+def epoch_share(dataset_len: int, batch_sizes: list[int], rank: int) -> int:
+    """Samples ``rank`` reads in an epoch at this allocation: ceil(dataset_len * n_r / sum(n))."""
+    return -(-int(dataset_len) * int(batch_sizes[rank]) // int(sum(batch_sizes)))
+
+
 @dataclass(frozen=True)
 class Position:
     """A place in the stream: ``offset`` samples into epoch ``epoch``."""

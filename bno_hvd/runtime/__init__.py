@@ -12,6 +12,10 @@ The Balancer (the public step API) and its parts:
 - :mod:`.loader` - the DataLoader of a rank's slices (through a small :class:`~.loader.LoaderFeed`)
 - :mod:`.checkpoint` - model, optimizer, balancer and RNG state, written atomically
 
+The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
+(``Balancer.for_world``, ``DataLoader``, ``DistributedOptimizer``, one-line errors) and
+:mod:`.dropout` (dropout masks per global sample, so that N ranks equal one process).
+
 Processes and devices: :mod:`.world` (MPI, then Horovod), :mod:`.gloo` (Horovod over Gloo in an
 MPI job), :mod:`.mpienv` (MPI settings in a rank), :mod:`.heap` (malloc thresholds),
 :mod:`.collectives` (waits that sleep), :mod:`.device` (CPU/GPU, ``--amp``).

@@ -19,6 +19,8 @@ Usage (README has the full example)::
         bal.end_step()                                  # measures; rebalances every K updates
 
 Without a loader, ``start_step()`` gives ``step.indices`` to index an in-memory dataset.
+The drop-in surface for a Horovod script (no calls inside the loop) is :mod:`bno_hvd.runtime.dropin`:
+``Balancer.for_world``, ``bno_hvd.DataLoader``, ``bno_hvd.DistributedOptimizer``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bno_hvd.allocation.sampler import UnevenSampler
-from bno_hvd.allocation.weighting import rank_weight
+from bno_hvd.allocation.sampler import UnevenSampler, epoch_share
+from bno_hvd.allocation.weighting import rank_weight, scaled_lr
 from bno_hvd.common.errors import UsageError, WarningLog
 from bno_hvd.runtime.control.controller import Controller
 from bno_hvd.runtime.control.monitor import process_memory_bytes
@@ -51,6 +53,7 @@ class Step:
     size: int  # this rank's batch
     indices: np.ndarray | None = None  # without a loader: this rank's sample indices
     cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
+    keys: tuple = ()  # with a loader: (epoch, index) of every sample of this rank's batch
 
     @property
     def micro_batches(self) -> int:
@@ -121,6 +124,15 @@ class Balancer:
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
+        self._computed = False  # end_compute() came for the open step
+
+    @classmethod
+    def for_world(cls, dataset, batch_size: int, strategy="balanced", **options) -> Balancer:
+        """A Balancer over every rank of ``MPI.COMM_WORLD`` (a duplicate of it), the drop-in for
+        Horovod's ``DistributedSampler``: see :func:`bno_hvd.runtime.dropin.world_balancer`."""
+        from bno_hvd.runtime.dropin import world_balancer
+
+        return world_balancer(cls, dataset, batch_size, strategy, **options)
 
     # -- what the loop asks ---------------------------------------------------------------
 
@@ -158,12 +170,38 @@ class Balancer:
         return make_loader(feed, dataset, **dataloader_kwargs)
 
     def batches(self, loader, updates: int):
-        """``loader``'s batches, epoch after epoch, until ``updates`` updates are done."""
+        """``loader``'s batches, epoch after epoch, until ``updates`` updates are done (also for a
+        :class:`bno_hvd.DataLoader`: no batch beyond the last update is drawn)."""
         while self.update < updates:
             for batch in loader:
+                yield batch
                 if self.update >= updates:
                     return
-                yield batch
+
+    # -- what a DistributedSampler offers (Horovod scripts call these) ---------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted so that a Horovod script runs unchanged; changes nothing. The stream draws a
+        new permutation per epoch by itself (seeded by (seed, epoch)), and one ``for`` over a loader
+        is one epoch of it."""
+
+    def __len__(self) -> int:
+        """Samples this rank reads per epoch at the newest allocation, ceil(N * n_r / sum(n))
+        (``DistributedSampler``'s ceil(N / size) when batches are even)."""
+        return epoch_share(self.sampler.dataset_len, self.plan.latest(), self.rank)
+
+    def __iter__(self):
+        raise UsageError(
+            "the balancer is not a torch sampler: build the loader with "
+            "bno_hvd.DataLoader(dataset, sampler=balancer, ...) or balancer.loader(dataset, ...)"
+        )
+
+    def lr_scale(self, rule: str = "linear") -> float:
+        """What replaces Horovod's ``hvd.size()`` in ``lr * hvd.size()``: the global batch over the
+        per-rank base batch B (Goyal et al.'s linear rule; 1 with ``rule='none'``). It is
+        ``hvd.size()`` when the global batch is N*B, the default. A changing global batch
+        (``bno``) is followed per update by :func:`bno_hvd.DistributedOptimizer`."""
+        return scaled_lr(1.0, self.strategy.global_batch, 1, self.strategy.base_batch_size, rule)
 
     def agree_lag(self, depth: int) -> int:
         """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""
@@ -179,12 +217,39 @@ class Balancer:
         else:
             indices, size = None, self._check(batch, update, sizes)
         self.timer.start()
-        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
+        keys = () if batch is None else batch.keys
+        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch, keys)
+        self._computed = False
         return self._step
+
+    @property
+    def current_step(self) -> Step | None:
+        """The step between :meth:`start_step` and :meth:`end_step`, else None."""
+        return self._step
+
+    @property
+    def compute_ended(self) -> bool:
+        return self._computed
+
+    def mark_backward_end(self) -> None:
+        """A backward pass of the open step ended: :meth:`end_compute` ends compute there."""
+        if self._step is not None:
+            self.timer.mark_backward_end()
 
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""
-        return self.timer.end_compute(self._require_step().size)
+        seconds = self.timer.end_compute(self._require_step().size)
+        self._computed = True
+        return seconds
+
+    def finish_step(self) -> StepStats | None:
+        """End the open step, if any (its compute too, if not ended yet): for a batch whose
+        ``optimizer.step()`` never came (a GradScaler skipped it). Collective, as :meth:`end_step`."""
+        if self._step is None:
+            return None
+        if not self._computed:
+            self.end_compute()
+        return self.end_step()
 
     def end_step(self) -> StepStats:
         """Mark the end of the optimizer step; rebalances (collectively) every K updates."""
@@ -192,7 +257,7 @@ class Balancer:
         stats = self.timer.end(step.update, step.batch_sizes)
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
-        self._step = None
+        self._step, self._computed = None, False
         if self.monitor is not None and self.monitor.error:
             self.warnings.warn(
                 f"the latency/memory monitor stopped ({self.monitor.error}); allocations use the last measurements"

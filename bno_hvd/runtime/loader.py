@@ -16,7 +16,8 @@ DataLoader with the user's loading options and three parts of ours:
   is read, so a random augmentation depends on the sample and its epoch only: not on the rank
   that reads it, the allocation, the worker, or whether the run was resumed.
 - :class:`Batch`: what the loop receives: the update it belongs to, its size, the user's
-  collated data (or the one-line reason it could not be read).
+  collated data (or the one-line reason it could not be read), and each sample's (epoch, index)
+  key (what :func:`bno_hvd.runtime.dropout.exact_dropout` seeds its masks from).
 
 The lag agreement: every rank's prefetch depth P is gathered, and allocations take effect
 ``D = max P + 1`` updates after they are decided (:mod:`bno_hvd.allocation.plan`).
@@ -30,6 +31,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
+from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import show_path
 
@@ -65,9 +68,11 @@ class Batch:
     data: Any = None  # the collated samples (what collate_fn made)
     error: str | None = None  # set instead of data when a sample could not be read
     notes: tuple = ()  # one line per warning raised while reading (the balancer's warning channel)
+    keys: tuple = ()  # (epoch, index) of every sample, in the batch's order
 
     def pin_memory(self, device=None) -> Batch:  # called by the DataLoader's pin-memory thread
-        return Batch(self.update, self.size, None if self.data is None else _pin(self.data), self.error, self.notes)
+        data = None if self.data is None else _pin(self.data)
+        return Batch(self.update, self.size, data, self.error, self.notes, self.keys)
 
 
 def prefetch_depth(num_workers: int, prefetch_factor: int | None) -> int:
@@ -93,8 +98,7 @@ class UnevenBatchSampler:
 
     def __len__(self) -> int:
         """Updates left in this epoch at the newest global batch (exact while it does not change)."""
-        left = self.sampler.dataset_len - self.sampler.offset
-        return -(-left // sum(self.plan.latest()))
+        return updates_left(self.sampler.dataset_len, self.sampler.offset, sum(self.plan.latest()))
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -120,16 +124,18 @@ class KeyedDataset(Dataset):
 
     def __getitems__(self, keys) -> _Fetched:
         update = keys[0][0]
+        sample_keys = tuple((int(k[1]), int(k[2])) for k in keys)
         try:
             if self.fast_tensors:  # an in-memory dataset: one gather per tensor, no per-sample calls
                 idx = torch.as_tensor([k[2] for k in keys])
-                return _Fetched(update, len(keys), collated=tuple(t[idx] for t in self.dataset.tensors))
+                return _Fetched(
+                    update, len(keys), collated=tuple(t[idx] for t in self.dataset.tensors), keys=sample_keys
+                )
             # A decoder's warning (PIL: "Corrupt EXIF data") would reach stderr as two lines per
             # sample on every rank: it goes to the balancer's warning channel instead, as one line.
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with warnings_as_notes() as caught:
                 samples = self._read(keys)
-            return _Fetched(update, len(keys), samples=samples, notes=self._notes(caught))
+            return _Fetched(update, len(keys), samples=samples, notes=self._notes(caught), keys=sample_keys)
         except Exception as err:  # noqa: BLE001 - reported as one line by the rank that reads it
             return _Fetched(update, len(keys), error=self._describe(err))
 
@@ -176,6 +182,24 @@ class KeyedDataset(Dataset):
         )
 
 
+@contextmanager
+def warnings_as_notes():
+    """Collect the warnings shown meanwhile instead of printing them. It swaps ``showwarning``
+    and leaves the filters alone: ``warnings.catch_warnings`` resets every module's record of
+    the warnings it has shown, and a training loop's once-per-place warnings (a model's
+    ``log_softmax`` without ``dim``) then came back with every batch."""
+    caught, shown = [], warnings.showwarning
+
+    def keep(message, category, filename, lineno, file=None, line=None):
+        caught.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+
+    warnings.showwarning = keep
+    try:
+        yield caught
+    finally:
+        warnings.showwarning = shown
+
+
 @dataclass
 class _Fetched:
     update: int
@@ -184,6 +208,7 @@ class _Fetched:
     collated: Any = None
     error: str | None = None
     notes: tuple = ()
+    keys: tuple = ()
 
 
 class CollateToBatch:
@@ -196,9 +221,10 @@ class CollateToBatch:
         if fetched.error is not None:
             return Batch(fetched.update, fetched.size, error=fetched.error)
         if fetched.collated is not None:
-            return Batch(fetched.update, fetched.size, fetched.collated)
+            return Batch(fetched.update, fetched.size, fetched.collated, keys=fetched.keys)
         try:
-            return Batch(fetched.update, fetched.size, self.collate_fn(fetched.samples), notes=fetched.notes)
+            data = self.collate_fn(fetched.samples)
+            return Batch(fetched.update, fetched.size, data, notes=fetched.notes, keys=fetched.keys)
         except Exception as err:  # noqa: BLE001
             return Batch(
                 fetched.update,

@@ -73,17 +73,27 @@ class StepTimer:
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._last_end: float | None = None  # when the previous update ended
+        self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
 
     def start(self) -> None:
         """The step begins: its batch is here."""
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
         self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
+        self._mark = None
 
-    def end_compute(self, batch: int) -> float:
-        """Forward and backward are done; returns the compute phase in seconds."""
+    def mark_backward_end(self) -> None:
+        """A backward pass just ended (the last mark before :meth:`end_compute` ends the compute phase)."""
         if self.sync is not None:
             self.sync()
-        self._t_compute, self._cpu_compute = time.perf_counter(), time.process_time()
+        self._mark = (time.perf_counter(), time.process_time())
+
+    def end_compute(self, batch: int) -> float:
+        """Forward and backward are done (at the last :meth:`mark_backward_end`, if any, else now);
+        returns the compute phase in seconds."""
+        if self._mark is None:
+            self.mark_backward_end()
+        self._t_compute, self._cpu_compute = self._mark
+        self._mark = None
         compute = self._t_compute - self._t0
         self.steps.add(batch, compute + self._gap)
         return compute

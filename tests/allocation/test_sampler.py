@@ -4,7 +4,7 @@ per epoch under allocations that change every step; global batch independent of 
 import numpy as np
 import pytest
 
-from bno_hvd.allocation.sampler import UnevenSampler, epoch_permutation, rank_slice
+from bno_hvd.allocation.sampler import UnevenSampler, epoch_permutation, epoch_share, rank_slice, updates_left
 
 
 def run_steps(n_data, allocations, seed=3):
@@ -74,3 +74,17 @@ def test_state_round_trip_resumes_the_same_stream():
 def test_rejects_non_positive_batch():
     with pytest.raises(ValueError):
         UnevenSampler(10).next_indices([3, 0], 0)
+
+
+def test_len_of_an_epoch_counts_the_global_batches_that_start_in_it():
+    # 4000 samples in global batches of 128: 32 start in epoch 0, the last crossing 96 samples
+    # into epoch 1, in which 31 start
+    assert updates_left(4000, 0, 128) == 32 and updates_left(4000, 96, 128) == 31
+    sampler, starts = UnevenSampler(4000, seed=1), {0: 0, 1: 0}
+    for _ in range(63):
+        starts[sampler.epoch] += 1
+        sampler.advance(128)
+    assert starts == {0: 32, 1: 31} and sampler.epoch == 2
+    # a rank's share of an epoch, as DistributedSampler's ceil(N / size) for even batches
+    assert epoch_share(4000, [32, 32, 32, 32], 1) == 1000 and epoch_share(4001, [1, 1, 1], 0) == 1334
+    assert epoch_share(4000, [83, 81, 82, 10], 3) == 157  # ceil(4000 * 10 / 256)

@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from bno_hvd.allocation.weighting import rank_weight, sample_weights, scaled_lr
+from bno_hvd.allocation.weighting import (
+    gradient_reduction,
+    keeps_batches_even,
+    rank_weight,
+    sample_weights,
+    scaled_lr,
+)
+from bno_hvd.common.errors import UsageError
 
 
 def test_weights_are_sample_shares():
@@ -29,3 +36,17 @@ def test_linear_lr_scaling():
     assert scaled_lr(0.1, 256, 4, 32, "none") == 0.1
     with pytest.raises(ValueError):
         scaled_lr(0.1, 256, 4, 32, "sqrt")
+
+
+def test_the_users_op_becomes_a_weighted_or_plain_sum_and_what_cannot_be_exact_is_refused():
+    assert gradient_reduction("average", even=False) == ("sum", True)  # the sample-weighted mean
+    assert gradient_reduction("sum", even=False) == ("sum", False)  # losses that sum over samples
+    assert gradient_reduction("adasum", even=True) == ("adasum", False)
+    with pytest.raises(UsageError, match="Adasum cannot give the sample-weighted mean of uneven batches"):
+        gradient_reduction("adasum", even=False)
+    with pytest.raises(UsageError, match="gradient_predivide_factor=2: .* drop it"):
+        gradient_reduction("average", even=True, predivide=2.0)
+    with pytest.raises(UsageError, match="op=min"):
+        gradient_reduction("min", even=True)
+    assert keeps_batches_even("equal", [32, 32, 32]) and keeps_batches_even("fixed", [8, 8])
+    assert not keeps_batches_even("fixed", [8, 9]) and not keeps_batches_even("random", [8, 8])

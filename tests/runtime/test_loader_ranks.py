@@ -258,11 +258,3 @@ def test_a_model_given_as_module_function_trains(tmp_path):
     assert acc > 0.3, proc.stdout[-1000:]
     state = torch.load(tmp_path / "m.pt", weights_only=True)
     assert set(state) == {"net.1.weight", "net.1.bias", "net.3.weight", "net.3.bias"}  # the user's module
-
-
-def test_the_horovod_mnist_example_port_runs(fashion_available):
-    proc = horovodrun(4, python_cmd("examples/horovod_mnist.py", "--epochs", "1", "--max-batches", "25"), timeout=300)
-    assert_ok(proc)
-    out = re.sub(r"\[\d+,\d+\]<stdout>:", "", proc.stdout)
-    acc = float(re.search(r"Accuracy: ([0-9.]+)%", out).group(1))
-    assert acc > 30, out[-2000:]

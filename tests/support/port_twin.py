@@ -1,0 +1,68 @@
+"""The plain Horovod script that ``examples/horovod_mnist.py``'s port markers describe (its
+"twin"), and the port as a diff (README "Your own Horovod script", ``launch/update-readme``).
+
+A line of the port ends in one of two comments; every other line is the same in both scripts:
+
+- ``# bno-hvd: was <line>``: the plain script has ``<line>`` there, at the same indentation;
+- ``# bno-hvd: added``: the plain script has no such line.
+
+No import beyond the standard library: ``launch/update-readme`` uses this module too.
+"""
+
+import difflib
+import io
+import os
+import re
+import tokenize
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "horovod_mnist.py")
+MARKER = re.compile(r"# bno-hvd: (?:was (?P<was>\S.*)|added)")
+
+
+def port_markers(source: str) -> dict[int, str | None]:
+    """{line index: the plain line it replaces, or None for an added line}, from the comments that
+    start with ``# bno-hvd`` (Python's tokenizer finds them: text in strings is not a comment).
+    A marker must be the last thing on its line and have one of the two forms."""
+    marks = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT or not tok.string.startswith("# bno-hvd"):
+            continue
+        row = tok.start[0] - 1
+        found = MARKER.fullmatch(tok.string)
+        if found is None:
+            raise ValueError(f"line {row + 1}: {tok.string!r}: not '# bno-hvd: was <line>' or '# bno-hvd: added'")
+        if not tok.line[: tok.start[1]].strip():
+            raise ValueError(f"line {row + 1}: a '# bno-hvd' marker on a line without code")
+        marks[row] = found["was"]
+    return marks
+
+
+def plain_twin(source: str) -> str:
+    """The example with its port undone: each ``was`` line put back, each ``added`` line dropped."""
+    marks = port_markers(source)
+    twin = []
+    for row, line in enumerate(source.splitlines()):
+        if row not in marks:
+            twin.append(line)
+        elif marks[row] is not None:
+            twin.append(line[: len(line) - len(line.lstrip())] + marks[row])
+    return "\n".join(twin) + "\n"
+
+
+def port_diff(source: str, context: int = 1) -> str:
+    """The unified diff from the twin to the example, as README shows it."""
+    diff = difflib.unified_diff(
+        plain_twin(source).splitlines(),
+        source.splitlines(),
+        "plain Horovod (the twin)",
+        "examples/horovod_mnist.py",
+        n=context,
+        lineterm="",
+    )
+    return "\n".join(diff) + "\n"
+
+
+def example_source() -> str:
+    with open(EXAMPLE) as fh:
+        return fh.read()

@@ -1,0 +1,65 @@
+"""Run ``examples/horovod_mnist.py`` (or its plain Horovod twin) unchanged, in float64, and keep
+what the port's tests compare.
+
+Usage (under horovodrun/mpirun): ``python tests/support/run_port.py OUT_DIR SCRIPT [script args]``
+
+- torch's default dtype is float64 before the example runs (torchvision's ``ToTensor`` follows it,
+  so the data, the model and the gradients are float64);
+- a global forward hook (torch's public ``register_module_forward_hook``) notes the size of the
+  batch of every training forward of the script's ``Net`` (``OUT_DIR/sizes-RANK.json``), and
+  rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``).
+"""
+
+import gzip
+import json
+import os
+import runpy
+import struct
+import sys
+
+import torch
+
+
+def write_fashion_subset(root, source: str, train: int, test: int) -> str:
+    """The first ``train``/``test`` samples of the real Fashion-MNIST IDX files in ``source``,
+    written where ``torchvision.datasets.FashionMNIST(root)`` reads them; returns ``root``."""
+    raw = os.path.join(root, "FashionMNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    for split, count in (("train", train), ("t10k", test)):
+        for kind in ("images-idx3", "labels-idx1"):
+            stem = f"{split}-{kind}-ubyte"
+            with gzip.open(os.path.join(source, stem + ".gz"), "rb") as fh:
+                data = fh.read()
+            dims = data[3]
+            shape = list(struct.unpack(f">{dims}I", data[4 : 4 + 4 * dims]))
+            per_sample = 1 if dims == 1 else shape[1] * shape[2]
+            start = 4 + 4 * dims
+            with open(os.path.join(raw, stem), "wb") as out:
+                out.write(data[:4] + struct.pack(f">{dims}I", count, *shape[1:]))
+                out.write(data[start : start + count * per_sample])
+    return str(root)
+
+
+def main() -> None:
+    out, script = sys.argv[1:3]
+    sys.argv = [script, *sys.argv[3:]]
+    torch.set_default_dtype(torch.float64)
+    seen = {"model": None, "sizes": []}
+
+    def note(module, inputs, output):
+        if type(module).__name__ == "Net":
+            seen["model"] = module
+            if module.training:
+                seen["sizes"].append(int(inputs[0].shape[0]))
+
+    torch.nn.modules.module.register_module_forward_hook(note)
+    runpy.run_path(script, run_name="__main__")
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
+        json.dump(seen["sizes"], fh)
+    if rank == 0:
+        torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
+
+
+if __name__ == "__main__":
+    main()

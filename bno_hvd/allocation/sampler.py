@@ -13,11 +13,17 @@ slice that starts at ``sum(batch_sizes[:r])``. Hence:
 The sampler's position (``epoch``, ``offset``) is where the next update to run starts; it is
 part of the training state (checkpoints). A DataLoader reads ahead of it with :meth:`slice_at`
 (see :mod:`bno_hvd.runtime.loader`); only finished updates move it (:meth:`advance`).
+
+Samples of their own lengths (token sequences): with ``lengths`` (one number per sample, e.g.
+its tokens), a rank's slice is the same set of samples, ordered by length (shortest first,
+stream order among equals), so that consecutive micro-batches pad little; :meth:`tokens_at`
+gives the lengths' sum over a global batch and a rank's slice (the loss weights of
+:mod:`bno_hvd.allocation.weighting`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,6 +66,7 @@ class UnevenSampler:
     seed: int = 0
     epoch: int = 0
     offset: int = 0
+    lengths: np.ndarray | None = field(default=None, repr=False, compare=False)  # per sample, or None
 
     def __post_init__(self) -> None:
         if self.dataset_len <= 0:
@@ -104,7 +111,17 @@ class UnevenSampler:
         lo, hi = rank_slice(batch_sizes, rank)
         idx, epochs = self.take(start.advanced(lo, self.dataset_len), hi - lo)
         assert len(idx) == batch_sizes[rank], "a rank's slice must have its allocated length"
+        if self.lengths is not None:
+            order = np.argsort(self.lengths[idx], kind="stable")
+            idx, epochs = idx[order], epochs[order]
         return idx, epochs
+
+    def tokens_at(self, start: Position, batch_sizes: list[int], rank: int) -> tuple[int, int]:
+        """With ``lengths``: their sum over the global batch at ``start`` and over ``rank``'s slice."""
+        assert self.lengths is not None, "tokens_at needs lengths"
+        total = int(self.lengths[self.take(start, int(sum(batch_sizes)))[0]].sum())
+        mine = int(self.lengths[self.slice_at(start, batch_sizes, rank)[0]].sum())
+        return total, mine
 
     def advance(self, total: int) -> None:
         """Move past ``total`` samples of the stream (every rank does this, in step)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bno_hvd.allocation.microbatch import token_parts, token_shares
 from bno_hvd.allocation.sampler import UnevenSampler
 from bno_hvd.allocation.weighting import rank_weight
 from bno_hvd.common.errors import UsageError, WarningLog
@@ -51,14 +52,31 @@ class Step:
     size: int  # this rank's batch
     indices: np.ndarray | None = None  # without a loader: this rank's sample indices
     cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
+    # samples of their own lengths (a Balancer made with ``lengths``): this rank's, in batch order
+    lengths: np.ndarray | None = None
+    global_tokens: int | None = None  # the lengths' sum over the global batch
+    token_cap: int | None = None  # memory cap in padded tokens per pass (--max-tokens)
 
     @property
     def micro_batches(self) -> int:
         """Forward/backward passes this rank's batch takes under its memory cap."""
+        if self.lengths is not None:
+            return len(token_parts(self.lengths, self.token_cap))
         return 1 if self.cap is None else -(-self.size // self.cap)
 
+    @property
+    def tokens(self) -> int | None:
+        """This rank's tokens (the lengths' sum), None without lengths."""
+        return None if self.lengths is None else int(self.lengths.sum())
+
     def parts(self):
-        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the batch."""
+        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the
+        batch (of its samples; of its tokens when the samples have lengths)."""
+        if self.lengths is not None:
+            parts = token_parts(self.lengths, self.token_cap)
+            for (start, stop), share in zip(parts, token_shares(self.lengths, parts)):
+                yield slice(start, stop), share
+            return
         per = self.size if self.cap is None else self.cap
         for start in range(0, self.size, per):
             stop = min(self.size, start + per)
@@ -80,7 +98,10 @@ class Balancer:
     ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
     :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
     ``monitor`` is an optional started :class:`bno_hvd.runtime.control.monitor.MetricsMonitor`;
-    ``max_batch`` this rank's memory cap in samples; ``lag`` the allocation lag D (None: the
+    ``max_batch`` this rank's memory cap in samples; ``lengths`` one length per sample (the
+    tokens of a sequence: each rank's loss weight is then its share of the global batch's tokens,
+    see :class:`Step`) and ``max_tokens`` this rank's cap in padded tokens per forward/backward
+    pass; ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
     queued work before the end of compute is timed.
@@ -105,6 +126,8 @@ class Balancer:
         lag: int | None = None,
         report_filter=None,
         sync=None,
+        lengths=None,
+        max_tokens: int | None = None,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
@@ -116,7 +139,8 @@ class Balancer:
         self.monitor = monitor
         self.max_batch = max_batch
         self.report_filter = report_filter
-        self.sampler = UnevenSampler(dataset_len, seed=seed)
+        self.max_tokens = max_tokens
+        self.sampler = UnevenSampler(dataset_len, seed=seed, lengths=None if lengths is None else np.asarray(lengths))
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
@@ -179,8 +203,15 @@ class Balancer:
         else:
             indices, size = None, self._check(batch, update, sizes)
         self.timer.start()
-        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
-        return self._step
+        step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
+        if self.sampler.lengths is not None:  # weight: this rank's share of the global batch's tokens
+            mine = self.sampler.slice_at(self.sampler.position, sizes, self.rank)[0]
+            step.lengths = self.sampler.lengths[mine]
+            step.global_tokens = self.sampler.tokens_at(self.sampler.position, sizes, self.rank)[0]
+            step.weight = int(step.lengths.sum()) / step.global_tokens
+            step.token_cap, step.cap = self.max_tokens, None
+        self._step = step
+        return step
 
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""

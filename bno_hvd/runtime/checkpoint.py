@@ -38,6 +38,8 @@ STATE_FLAGS = (
     "model",
     "dataset",
     "synthetic_size",
+    "max_seq_len",
+    "vocab_size",
     "strategy",
     "base_batch_size",
     "batch_sizes",

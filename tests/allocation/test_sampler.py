@@ -74,3 +74,21 @@ def test_state_round_trip_resumes_the_same_stream():
 def test_rejects_non_positive_batch():
     with pytest.raises(ValueError):
         UnevenSampler(10).next_indices([3, 0], 0)
+
+
+def test_with_lengths_a_rank_gets_the_same_samples_shortest_first_and_the_tokens_add_up():
+    lengths = np.array([5, 1, 9, 3, 3, 7, 2, 8, 6, 4, 1, 2, 9])
+    plain = UnevenSampler(len(lengths), seed=4)
+    sized = UnevenSampler(len(lengths), seed=4, lengths=lengths)
+    sizes = [3, 5, 2, 4]
+    start = sized.position.advanced(7, len(lengths))  # a global batch that crosses the epoch's end
+    totals = []
+    for rank in range(4):
+        idx, epochs = sized.slice_at(start, sizes, rank)
+        ref, ref_epochs = plain.slice_at(start, sizes, rank)
+        assert sorted(zip(idx, epochs)) == sorted(zip(ref, ref_epochs))
+        assert list(lengths[idx]) == sorted(lengths[ref])
+        total, mine = sized.tokens_at(start, sizes, rank)
+        assert mine == lengths[idx].sum()
+        totals.append((total, mine))
+    assert len({t for t, _ in totals}) == 1 and sum(m for _, m in totals) == totals[0][0]

@@ -13,7 +13,7 @@ from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets
 
 torch.set_num_threads(1)
 
-USER_MODELS = '''
+USER_MODELS = """
 import torch
 from torch import nn
 
@@ -30,7 +30,7 @@ def bigram(vocab_size):
 
 def not_a_module():
     return 3
-'''
+"""
 
 
 def test_padding_does_not_change_real_positions_in_float64():

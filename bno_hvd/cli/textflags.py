@@ -32,6 +32,27 @@ TEXT_OPTIONS = [
         ),
     ),
     (
+        "allocate-by",
+        click.option(
+            "--allocate-by",
+            type=click.Choice(["samples", "tokens", "cost"]),
+            default=None,
+            help="text: what the strategy splits: sequence counts, shares of tokens, or shares of measured cost "
+            "(per sequence, token and squared length) that a length-aware sampler fills. Default: cost "
+            "(samples with --strategy fixed).",
+        ),
+    ),
+    (
+        "global-tokens",
+        click.option(
+            "--global-tokens",
+            type=int,
+            default=None,
+            help="text (--allocate-by tokens/cost): the global batch in tokens (the fewest next sequences "
+            "that reach it) instead of sequences (--global-batch).",
+        ),
+    ),
+    (
         "max-tokens",
         click.option(
             "--max-tokens",

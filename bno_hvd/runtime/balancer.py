@@ -56,6 +56,8 @@ class Step:
     lengths: np.ndarray | None = None
     global_tokens: int | None = None  # the lengths' sum over the global batch
     token_cap: int | None = None  # memory cap in padded tokens per pass (--max-tokens)
+    shares: list[int] | None = None  # allocated by work: every rank's share (batch_sizes: its sequences)
+    work: int | None = None  # this rank's work (costmodel.UNITS per average sequence), with shares or work
 
     @property
     def micro_batches(self) -> int:
@@ -101,7 +103,10 @@ class Balancer:
     ``max_batch`` this rank's memory cap in samples; ``lengths`` one length per sample (the
     tokens of a sequence: each rank's loss weight is then its share of the global batch's tokens,
     see :class:`Step`) and ``max_tokens`` this rank's cap in padded tokens per forward/backward
-    pass; ``lag`` the allocation lag D (None: the
+    pass; ``work`` one cost per sample (:mod:`bno_hvd.allocation.costmodel`): measured steps are then
+    fitted in work, and with ``shares`` the strategy's sizes are each rank's share of the work of
+    a global batch of ``global_count`` samples or ``global_tokens`` tokens
+    (:mod:`bno_hvd.allocation.partition`); ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
     queued work before the end of compute is timed.
@@ -128,6 +133,10 @@ class Balancer:
         sync=None,
         lengths=None,
         max_tokens: int | None = None,
+        work=None,
+        shares: bool = False,
+        global_count: int | None = None,
+        global_tokens: int | None = None,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
@@ -140,7 +149,15 @@ class Balancer:
         self.max_batch = max_batch
         self.report_filter = report_filter
         self.max_tokens = max_tokens
-        self.sampler = UnevenSampler(dataset_len, seed=seed, lengths=None if lengths is None else np.asarray(lengths))
+        self.sampler = UnevenSampler(
+            dataset_len,
+            seed=seed,
+            lengths=None if lengths is None else np.asarray(lengths),
+            work=np.asarray(work) if shares else None,
+            global_count=global_count,
+            global_tokens=global_tokens,
+        )
+        self.work = None if work is None else np.asarray(work, dtype=float)
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
@@ -196,18 +213,22 @@ class Balancer:
     def start_step(self, batch: Batch | None = None) -> Step:
         """Begin an update: this rank's work and loss weight. ``batch`` comes from :meth:`loader`."""
         update = self.plan.done
-        sizes = self.plan.sizes(update)
+        shares = self.plan.sizes(update)
+        sizes = self.sampler.counts_at(self.sampler.position, shares)  # = shares unless split by work
+        mine = self.sampler.slice_at(self.sampler.position, shares, self.rank)[0]
         if batch is None:
-            indices, _ = self.sampler.slice_at(self.sampler.position, sizes, self.rank)
-            size = len(indices)
+            indices, size = mine, len(mine)
         else:
             indices, size = None, self._check(batch, update, sizes)
         self.timer.start()
         step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch)
+        if self.sampler.work is not None:
+            step.shares = shares
+        if self.work is not None:
+            step.work = int(round(float(self.work[mine].sum())))
         if self.sampler.lengths is not None:  # weight: this rank's share of the global batch's tokens
-            mine = self.sampler.slice_at(self.sampler.position, sizes, self.rank)[0]
             step.lengths = self.sampler.lengths[mine]
-            step.global_tokens = self.sampler.tokens_at(self.sampler.position, sizes, self.rank)[0]
+            step.global_tokens = self.sampler.tokens_at(self.sampler.position, shares, self.rank)[0]
             step.weight = int(step.lengths.sum()) / step.global_tokens
             step.token_cap, step.cap = self.max_tokens, None
         self._step = step
@@ -215,7 +236,8 @@ class Balancer:
 
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""
-        return self.timer.end_compute(self._require_step().size)
+        step = self._require_step()
+        return self.timer.end_compute(step.size if step.shares is None else step.work)  # fits in work when split by it
 
     def end_step(self) -> StepStats:
         """Mark the end of the optimizer step; rebalances (collectively) every K updates."""

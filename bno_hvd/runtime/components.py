@@ -58,11 +58,12 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
     built = make_plugin(cfg, size, plugin)
     task = make_task(cfg)
     data, notes = task.load(cfg)
+    base, global_batch = task.strategy_units(cfg, data, size)  # samples, or shares of work (text)
     strategy = make_strategy(
         cfg.strategy,
         size,
-        cfg.base_batch_size,
-        global_batch=cfg.global_batch,
+        base,
+        global_batch=global_batch,
         seed=cfg.seed,
         batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None,
     )
@@ -171,6 +172,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
 
     hvd = world.hvd
     hooks = build_hooks(cfg, prepared, world.rank)
+    # text: the cost of a sequence, measured before Horovod wraps the optimizer (no allreduce in it)
+    split, cost_model = prepared.task.allocation(cfg, world.control_comm, prepared.model, prepared.data, world.size)
     monitor = MetricsMonitor(
         world.monitor_comm,
         device=prepared.device.name,
@@ -189,8 +192,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             lag=cfg.allocation_lag,
             report_filter=hooks.report,
             sync=prepared.device.synchronize,
-            lengths=prepared.task.lengths(prepared.data.train),
             max_tokens=cfg.token_cap_of(world.rank),
+            **split,
         )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
         # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.
@@ -228,6 +231,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         "allocation_lag": balancer.plan.lag,
         "notes": world.notes,
         "resumed_from": resumed_from,
+        "allocation_unit": cfg.allocation_unit,
+        **({"cost_model": cost_model} if cost_model else {}),
     }
     master = world.rank == 0
     if master:

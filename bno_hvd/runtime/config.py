@@ -17,8 +17,9 @@ from typing import Any
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
-from bno_hvd.data.catalog import SYNTHETIC_SIZE, TEXT_MODEL_NAMES
+from bno_hvd.data.catalog import SYNTHETIC_SIZE
 from bno_hvd.runtime.control.monitor import LATENCY_INTERVAL, PROBE_BYTES
+from bno_hvd.runtime.textrules import TEXT_RULES
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class TrainConfig:
     max_batch: tuple[int, ...] | None = None  # memory cap per forward/backward pass: one, or one per rank
     max_batch_auto: bool = False  # --max-batch auto: each GPU measures its own cap
     max_tokens: tuple[int, ...] | None = None  # text: memory cap in padded tokens per pass, one or one per rank
+    allocate_by: str | None = None  # samples, tokens or cost (text); None: cost for text (samples with fixed)
+    global_tokens: int | None = None  # text, by tokens or cost: the global batch in tokens instead of sequences
     # -- the optimisation ---------------------------------------------------------------------
     updates: int = 600
     lr: float = 0.02
@@ -88,7 +91,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for rule in FIELD_RULES:
             rule.check(self)
-        for needs, message in PAIR_RULES:
+        for needs, message in PAIR_RULES + TEXT_RULES:
             if needs(self):
                 raise UsageError(message(self))
 
@@ -132,6 +135,13 @@ class TrainConfig:
         if self.max_batch is None:
             return None
         return self.max_batch[0] if len(self.max_batch) == 1 else self.max_batch[rank]
+
+    @property
+    def allocation_unit(self) -> str:
+        """What the strategy splits: ``samples`` (counts), or shares of ``tokens`` or ``cost`` (text)."""
+        if self.allocate_by is not None:
+            return self.allocate_by
+        return "cost" if self.dataset == "text" and self.strategy != "fixed" else "samples"
 
     def token_cap_of(self, rank: int) -> int | None:
         """Rank ``rank``'s memory cap in padded tokens per pass (text), None without one."""
@@ -258,17 +268,6 @@ FIELD_RULES: tuple[Rule, ...] = (
         _optional(lambda v: v <= RANKS.high * BATCH.high),
         f"--global-batch must be between 1 and {RANKS.high * BATCH.high}, got {{shown}}",
     ),
-    Rule("max_seq_len", lambda v: 1 <= v <= 65536, "--max-seq-len must be between 1 and 65536 tokens, got {shown}"),
-    Rule(
-        "vocab_size",
-        lambda v: 257 <= v <= 1_000_000,
-        "--vocab-size must be between 257 (the 256 bytes and the end-of-text token) and 1000000, got {shown}",
-    ),
-    Rule(
-        "max_tokens",
-        _optional(lambda v: all(1 <= c <= CAP.high * 1000 for c in v)),
-        f"--max-tokens caps must be integers between 1 and {CAP.high * 1000}, got {{listed}}",
-    ),
     Rule("checkpoint_every", lambda v: v >= 0, "--checkpoint-every must be >= 0, got {value}"),
     Rule("eval_every", lambda v: v >= 0, "--eval-every must be >= 0 (0: evaluate only at the end), got {value}"),
     # below 10 ms the probe thread would ping-pong without pause and starve training
@@ -290,39 +289,8 @@ def _lag_too_small(cfg) -> bool:
     return cfg.allocation_lag is not None and cfg.allocation_lag < cfg.num_workers * cfg.prefetch_factor + 1
 
 
-def _text_needs_a_language_model(cfg) -> bool:
-    return cfg.dataset == "text" and cfg.model not in TEXT_MODEL_NAMES and ":" not in cfg.model
-
-
 # checks of two fields together: (fails?, message)
 PAIR_RULES: tuple[tuple[Callable[[Any], bool], Callable[[Any], str]], ...] = (
-    (
-        _text_needs_a_language_model,
-        lambda c: f"--dataset text needs a language model: --model gpt-mini or package.module:function, not {c.model}",
-    ),
-    (
-        lambda c: c.dataset != "text" and c.model in TEXT_MODEL_NAMES,
-        lambda c: f"--model {c.model} is a language model: use it with --dataset text",
-    ),
-    (
-        lambda c: c.dataset != "text" and c.max_tokens is not None,
-        lambda c: "--max-tokens caps token sequences (--dataset text); cap images with --max-batch",
-    ),
-    (
-        lambda c: c.dataset == "text" and (c.max_batch is not None or c.max_batch_auto),
-        lambda c: "--max-batch counts samples; for --dataset text cap each pass in tokens with --max-tokens",
-    ),
-    (
-        lambda c: c.dataset == "text" and c.num_classes is not None,
-        lambda c: "--num-classes does not apply to --dataset text (the model predicts --vocab-size tokens)",
-    ),
-    (
-        lambda c: c.max_tokens is not None and min(c.max_tokens) < c.max_seq_len,
-        lambda c: (
-            f"--max-tokens {min(c.max_tokens)} is below --max-seq-len {c.max_seq_len}: a sequence of "
-            f"{c.max_seq_len} tokens must fit in one pass; raise the cap or lower --max-seq-len"
-        ),
-    ),
     (
         _lag_too_small,
         lambda c: (

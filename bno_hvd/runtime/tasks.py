@@ -56,8 +56,13 @@ class ImageTask:
     def build_model(self, cfg, data: Datasets):
         return build_model(cfg.model, cfg.num_classes or data.num_classes, data.input_shape)
 
-    def lengths(self, dataset):
-        return None
+    def strategy_units(self, cfg, data, size: int) -> tuple[int, int | None]:
+        """What the strategy splits: ``(per-rank base, global batch)`` in samples."""
+        return cfg.base_batch_size, cfg.global_batch
+
+    def allocation(self, cfg, comm, model, data, size: int) -> tuple[dict, dict | None]:
+        """The Balancer's arguments for this data (none for images), and what run.json keeps of them."""
+        return {}, None
 
     def parts(self, step, data, device, dtype):
         """``(inputs, targets, share)`` per micro-batch of this rank's batch."""
@@ -101,8 +106,39 @@ class TextTask:
 
         return build_text_model(cfg.model, data.num_classes, cfg.max_seq_len)
 
-    def lengths(self, dataset):
-        return dataset.lengths
+    def strategy_units(self, cfg, data, size: int) -> tuple[int, int | None]:
+        """Samples, or shares of work: ``UNITS`` per average sequence (:mod:`bno_hvd.allocation.costmodel`)."""
+        if cfg.allocation_unit == "samples":
+            return cfg.base_batch_size, cfg.global_batch
+        from bno_hvd.allocation.costmodel import UNITS
+
+        sequences = cfg.global_batch or size * cfg.base_batch_size
+        if cfg.global_tokens is not None:  # the work of a typical global batch of that many tokens
+            sequences = max(size, round(cfg.global_tokens / float(data.train.lengths.mean())))
+        return max(1, round(UNITS * sequences / size)), UNITS * sequences
+
+    def allocation(self, cfg, comm, model, data, size: int) -> tuple[dict, dict | None]:
+        """Lengths (token weights), and the work of each sequence when the split or an emulation needs it."""
+        from bno_hvd.allocation.costmodel import TOKENS, work_per_sequence
+        from bno_hvd.runtime.calibrate import calibrate, describe
+
+        lengths = data.train.lengths
+        unit = cfg.allocation_unit
+        split = {"lengths": lengths}
+        if unit != "samples":
+            split.update(shares=True, global_count=cfg.global_batch or size * cfg.base_batch_size)
+            split["global_tokens"] = cfg.global_tokens
+        if unit == "tokens":
+            return {**split, "work": work_per_sequence(lengths, TOKENS)}, {"unit": "tokens"}
+        if unit == "samples" and not cfg.emulated:
+            return split, None
+        measured = calibrate(comm, model, data.num_classes, cfg.max_seq_len)
+        if comm.Get_rank() == 0:
+            import sys
+
+            print(f"bno-hvd: note: {describe(measured)}", file=sys.stderr, flush=True)
+        kept = {**measured, "cost": measured["cost"].to_dict(), "unit": unit}
+        return {**split, "work": work_per_sequence(lengths, measured["cost"])}, kept
 
     def parts(self, step, data, device, dtype):
         """``((tokens, lengths), targets, share)`` per micro-batch, each padded to its own longest sequence."""

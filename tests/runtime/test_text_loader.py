@@ -5,10 +5,12 @@ rank's sequences shortest first, and the token weights of every update summing t
 import json
 from collections import Counter
 
+import pytest
 from support.jobs import ROOT, assert_ok, mpirun, python_cmd
 
 
-def test_every_sequence_once_per_epoch_through_workers(tmp_path):
+@pytest.mark.parametrize("mode", ["counts", "shares"])
+def test_every_sequence_once_per_epoch_through_workers(tmp_path, mode):
     data = tmp_path / "data"
     data.mkdir()
     words = "the cat sat on a mat while bno hvd trains transformers on text of every length".split()
@@ -16,7 +18,7 @@ def test_every_sequence_once_per_epoch_through_workers(tmp_path):
     (data / "docs.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     out.mkdir()
-    proc = mpirun(4, python_cmd(f"{ROOT}/tests/support/mpi_scripts/text_coverage.py", str(data), str(out)))
+    proc = mpirun(4, python_cmd(f"{ROOT}/tests/support/mpi_scripts/text_coverage.py", str(data), str(out), mode))
     assert_ok(proc)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     n, lengths = ranks[0]["n"], ranks[0]["lengths"]
@@ -25,7 +27,7 @@ def test_every_sequence_once_per_epoch_through_workers(tmp_path):
         for s in r["seen"]:
             assert s["lengths"] == sorted(s["lengths"])  # shortest first: micro-batches pad little
             assert s["lengths"] == [lengths[i] for i in s["indices"]]
-            assert len(s["indices"]) == s["sizes"][r["rank"]]
+            assert len(s["indices"]) == s["sizes"][r["rank"]] >= 1
             by_update.setdefault(s["update"], []).append(s)
     assert sorted(by_update) == list(range(40))
     batches = []
@@ -35,6 +37,9 @@ def test_every_sequence_once_per_epoch_through_workers(tmp_path):
         assert abs(sum(p["weight"] for p in parts) - 1.0) < 1e-12
         tokens = sum(sum(p["lengths"]) for p in parts)
         assert all(p["global_tokens"] == tokens for p in parts)
+        if mode == "shares":  # sequences that reach 60 tokens (at least one per rank)
+            ordered = sorted(i for p in parts for i in p["indices"])
+            assert tokens >= 60 or len(ordered) == 4
         batches.append(Counter(i for p in parts for i in p["indices"]))
     assert len({tuple(p["sizes"]) for parts in by_update.values() for p in parts}) > 3  # the split changed
     assert epochs_completed(batches, n) >= 2

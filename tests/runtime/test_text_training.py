@@ -31,22 +31,51 @@ def train(np_, flags, tmp_path, name):
     return torch.load(model, weights_only=True), log
 
 
+TOKENS = 700  # tokens per update, when the global batch is fixed in tokens
+SINGLE = {
+    "sequences": ["--strategy", "fixed", "--batch-sizes", str(GLOBAL)],
+    "tokens": ["--strategy", "equal", "--allocate-by", "tokens", "--global-tokens", str(TOKENS)],
+}
+
+
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory):
-    """One process on the whole global batch of every update."""
-    where = tmp_path_factory.mktemp("single")
-    return train(1, ["--strategy", "fixed", "--batch-sizes", str(GLOBAL)], where, "single")
+    """One process on the whole global batch of every update (``GLOBAL`` sequences or ``TOKENS`` tokens)."""
+    runs = {}
+
+    def get(kind):
+        if kind not in runs:
+            runs[kind] = train(1, SINGLE[kind], tmp_path_factory.mktemp(kind), "single")
+        return runs[kind]
+
+    return get
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [[], ["--num-workers", "2", "--max-tokens", "96,96,200,48"]],
-    ids=["changing splits", "workers and accumulation"],
+    "kind,extra",
+    [
+        ("sequences", ["--allocate-by", "samples"]),
+        ("sequences", ["--allocate-by", "samples", "--num-workers", "2", "--max-tokens", "96,96,200,48"]),
+        (
+            "tokens",
+            [
+                "--allocate-by",
+                "cost",
+                "--global-tokens",
+                str(TOKENS),
+                "--num-workers",
+                "2",
+                "--max-tokens",
+                "96,96,200,48",
+            ],
+        ),
+    ],
+    ids=["changing splits", "workers and accumulation", "shares of cost, global batch in tokens"],
 )
-def test_four_ranks_with_changing_splits_equal_one_process(single_process, tmp_path, extra):
+def test_four_ranks_with_changing_splits_equal_one_process(single_process, tmp_path, kind, extra):
     flags = ["--strategy", "random", "--rebalance-every", "2", "--base-batch-size", str(GLOBAL // 4), *extra]
     multi, log = train(4, flags, tmp_path, "multi")
-    single, single_log = single_process
+    single, single_log = single_process(kind)
     diff = max_relative_difference(multi, single)
     print(f"{extra or 'plain'}: max relative difference {diff:.3e}")
     assert diff <= 1e-9
@@ -56,14 +85,14 @@ def test_four_ranks_with_changing_splits_equal_one_process(single_process, tmp_p
     losses = [r.loss for r in records]
     assert losses == pytest.approx([r.loss for r in read_updates(str(single_log))], rel=1e-9)
     assert losses[-1] < losses[0]  # it trained
-    if extra:
+    if "--max-tokens" in extra:
         steps = steps_from_json(json.loads((log / "ranks.json").read_text()))
         assert max(s.micro_batches for s in steps[3]) >= 2  # rank 3 (48 tokens per pass) accumulated
 
 
 def test_killed_and_resumed_text_run_ends_with_the_same_parameters(kill_and_resume):
-    run = [*TEXT, *EXACT_40, "--optimizer", "adam", "--lr", "0.003", "--strategy", "random"]
-    run += ["--rebalance-every", "3", "--base-batch-size", "4", "--num-workers", "1", "--max-tokens", "64"]
+    run = [*TEXT, *EXACT_40, "--optimizer", "adam", "--lr", "0.003", "--strategy", "random", "--allocate-by"]
+    run += ["tokens", "--global-tokens", "300", "--rebalance-every", "3", "--num-workers", "1", "--max-tokens", "64"]
     r = kill_and_resume([*run, "--updates", "20"], kill_at=13, every=5)  # checkpoint 10, killed at 13
     ref, resumed = torch.load(r.ref_model, weights_only=True), torch.load(r.model, weights_only=True)
     diff = max_relative_difference(resumed, ref, 1e-300)

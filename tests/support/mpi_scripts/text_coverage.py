@@ -1,7 +1,9 @@
 """Each rank reads token sequences through Balancer.loader (real DataLoader, 2 workers, the text
 collate) while a `random` allocation changes every 2 updates; writes what it saw for the test.
 
-    mpirun -np 4 python tests/support/mpi_scripts/text_coverage.py DATA_DIR OUT_DIR
+    mpirun -np 4 python tests/support/mpi_scripts/text_coverage.py DATA_DIR OUT_DIR MODE
+MODE: counts (the strategy splits sequence counts), or shares (it splits shares of work, the tokens
+of each sequence, in global batches of at least 60 tokens that the length-aware sampler cuts).
 """
 
 import json
@@ -12,6 +14,7 @@ from mpi4py import MPI
 from torch.utils.data import Dataset
 
 from bno_hvd import Balancer, make_strategy
+from bno_hvd.allocation.costmodel import TOKENS, UNITS, work_per_sequence
 from bno_hvd.data.tokens import collate_tokens, load_text_datasets
 
 UPDATES, SEED = 40, 13
@@ -34,14 +37,17 @@ def collate(samples):
     return torch.tensor([i for i, _ in samples]), collate_tokens([s for _, s in samples])
 
 
-data_dir, out_dir = sys.argv[1], sys.argv[2]
+data_dir, out_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 comm = MPI.COMM_WORLD.Dup()
 rank, size = comm.Get_rank(), comm.Get_size()
 torch.set_num_threads(1)
 seqs = load_text_datasets(data_dir, max_seq_len=8, vocab_size=300, with_test=False).train
-bal = Balancer(
-    comm, make_strategy("random", size, 3, seed=SEED), len(seqs), seed=SEED, rebalance_every=2, lengths=seqs.lengths
-)
+split = {"lengths": seqs.lengths}
+base = 3
+if mode == "shares":
+    split.update(work=work_per_sequence(seqs.lengths, TOKENS), shares=True, global_tokens=60)
+    base = 3 * UNITS
+bal = Balancer(comm, make_strategy("random", size, base, seed=SEED), len(seqs), seed=SEED, rebalance_every=2, **split)
 seen = []
 for batch in bal.batches(bal.loader(Tagged(seqs), num_workers=2, collate_fn=collate), UPDATES):
     step = bal.start_step(batch)

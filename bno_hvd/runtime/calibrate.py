@@ -1,0 +1,80 @@
+"""The cost of a sequence on this model, measured at start-up: a sweep of lengths on every rank.
+
+Every rank times forward and backward passes of random token batches at lengths from 8 to
+``--max-seq-len`` (at each length two batch sizes, so that a pass's fixed cost and a sequence's
+cost can be told apart), before the optimizer is wrapped for Horovod (no allreduce runs). The
+ranks share their measurements (each rank's times scaled to the ranks' mean, so a slower rank
+changes the level, not the shape), and every rank fits the same
+:class:`~bno_hvd.allocation.costmodel.SequenceCost` from them. Rank 0 prints the fit and its
+error on the sweep; ``run.json`` keeps both (``cost_model``).
+
+Usage (what :func:`bno_hvd.runtime.components.build_run` does)::
+
+    model_cost = calibrate(comm, model, vocab_size, max_seq_len)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bno_hvd.allocation.costmodel import fit_sequence_cost
+
+SWEEP = (8, 16, 32, 64, 128, 256, 512, 1024)
+TOKENS_PER_PASS = 512
+
+
+def sweep_lengths(max_seq_len: int) -> list[int]:
+    return sorted({L for L in SWEEP if L <= max_seq_len} | {max_seq_len})
+
+
+def measure(model, vocab_size: int, max_seq_len: int, repeats: int = 5, seed: int = 0) -> list[tuple[int, int, float]]:
+    """``(sequences, length, seconds)`` of forward+backward passes over the sweep: the fastest of
+    ``repeats`` rounds (what the pass costs; slower ones met another process on the core). The
+    rounds interleave every point of the sweep, so a burst of contention does not bend one length."""
+    gen = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    points = []
+    for length in sweep_lengths(max_seq_len):
+        many = max(2, TOKENS_PER_PASS // length)
+        points += [(n, length) for n in (many, max(1, many // 4))]
+    batches = [torch.randint(0, vocab_size, (n, L + 1), generator=gen).to(device) for n, L in points]
+    best = [float("inf")] * len(points)
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for i, tokens in enumerate(batches):
+            n, L = points[i]
+            t0 = time.perf_counter()
+            logits = model(tokens[:, :-1], torch.full((n,), L, device=device))
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
+            if round_:
+                best[i] = min(best[i], time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return [(n, L, t) for (n, L), t in zip(points, best)]
+
+
+def pooled(all_rows: list[list[tuple[int, int, float]]]) -> list[tuple[int, int, float]]:
+    """Every rank's rows, each rank's times scaled so that its total is the ranks' mean total."""
+    totals = [sum(t for _, _, t in rows) for rows in all_rows]
+    mean = sum(totals) / len(totals)
+    return [(n, L, t * mean / total) for rows, total in zip(all_rows, totals) for n, L, t in rows]
+
+
+def calibrate(comm, model, vocab_size: int, max_seq_len: int) -> dict:
+    """Collective: the fitted cost model (``cost``, ``fixed_seconds``, ``sweep`` rows, relative ``errors``)."""
+    rows = pooled(comm.allgather(measure(model, vocab_size, max_seq_len)))
+    cost, fixed, errors = fit_sequence_cost(rows)
+    return {"cost": cost, "fixed_seconds": fixed, "sweep": rows, "errors": errors}
+
+
+def describe(model_cost: dict) -> str:
+    """One line: the fitted terms and the fit's error on the sweep."""
+    c, errs = model_cost["cost"], [abs(e) for e in model_cost["errors"]]
+    lengths = sorted({L for _, L, _ in model_cost["sweep"]})
+    return (
+        f"cost of a pass (sweep of lengths {lengths[0]}..{lengths[-1]}): {model_cost['fixed_seconds'] * 1e3:.3f} ms "
+        f"+ per sequence {c.per_sequence * 1e3:.4f} ms + per token {c.per_token * 1e6:.3f} us + per squared length "
+        f"{c.per_squared * 1e9:.3f} ns; fit error median {statistics.median(errs):.1%}, max {max(errs):.1%}"
+    )

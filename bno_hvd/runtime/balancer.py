@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bno_hvd.allocation.costmodel import SequenceCost, work_per_sequence
 from bno_hvd.allocation.microbatch import token_parts, token_shares
 from bno_hvd.allocation.sampler import UnevenSampler
 from bno_hvd.allocation.weighting import rank_weight
@@ -103,7 +104,8 @@ class Balancer:
     ``max_batch`` this rank's memory cap in samples; ``lengths`` one length per sample (the
     tokens of a sequence: each rank's loss weight is then its share of the global batch's tokens,
     see :class:`Step`) and ``max_tokens`` this rank's cap in padded tokens per forward/backward
-    pass; ``work`` one cost per sample (:mod:`bno_hvd.allocation.costmodel`): measured steps are then
+    pass; ``work`` one cost per sample (:mod:`bno_hvd.allocation.costmodel`; ``cost``: the
+    SequenceCost it came from, which checkpoints keep): measured steps are then
     fitted in work, and with ``shares`` the strategy's sizes are each rank's share of the work of
     a global batch of ``global_count`` samples or ``global_tokens`` tokens
     (:mod:`bno_hvd.allocation.partition`); ``lag`` the allocation lag D (None: the
@@ -134,6 +136,7 @@ class Balancer:
         lengths=None,
         max_tokens: int | None = None,
         work=None,
+        cost=None,
         shares: bool = False,
         global_count: int | None = None,
         global_tokens: int | None = None,
@@ -158,6 +161,7 @@ class Balancer:
             global_tokens=global_tokens,
         )
         self.work = None if work is None else np.asarray(work, dtype=float)
+        self.cost = cost  # the SequenceCost ``work`` came from (kept in checkpoints)
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
@@ -289,11 +293,18 @@ class Balancer:
 
     def state_dict(self) -> dict:
         """What the next update depends on: updates done, decided allocations, stream position."""
-        return {"update": self.update, "sampler": self.sampler.state_dict(), **self.control.state_dict()}
+        cost = None if self.cost is None else self.cost.to_dict()
+        return {"update": self.update, "sampler": self.sampler.state_dict(), "cost": cost, **self.control.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.control.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
+        if state.get("cost") is not None and self.sampler.lengths is not None:
+            # the resumed run splits by the cost the interrupted one measured, not by a new measurement
+            self.cost = SequenceCost(**{k: float(v) for k, v in state["cost"].items()})
+            self.work = work_per_sequence(self.sampler.lengths, self.cost)
+            if self.sampler.work is not None:
+                self.sampler.work = self.work
 
     # -- helpers --------------------------------------------------------------------------
 

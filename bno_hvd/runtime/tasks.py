@@ -129,7 +129,7 @@ class TextTask:
             split.update(shares=True, global_count=cfg.global_batch or size * cfg.base_batch_size)
             split["global_tokens"] = cfg.global_tokens
         if unit == "tokens":
-            return {**split, "work": work_per_sequence(lengths, TOKENS)}, {"unit": "tokens"}
+            return {**split, "work": work_per_sequence(lengths, TOKENS), "cost": TOKENS}, {"unit": "tokens"}
         if unit == "samples" and not cfg.emulated:
             return split, None
         measured = calibrate(comm, model, data.num_classes, cfg.max_seq_len)
@@ -138,7 +138,7 @@ class TextTask:
 
             print(f"bno-hvd: note: {describe(measured)}", file=sys.stderr, flush=True)
         kept = {**measured, "cost": measured["cost"].to_dict(), "unit": unit}
-        return {**split, "work": work_per_sequence(lengths, measured["cost"])}, kept
+        return {**split, "work": work_per_sequence(lengths, measured["cost"]), "cost": measured["cost"]}, kept
 
     def parts(self, step, data, device, dtype):
         """``((tokens, lengths), targets, share)`` per micro-batch, each padded to its own longest sequence."""

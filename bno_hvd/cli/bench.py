@@ -29,6 +29,10 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on rank 0.")
 def bench(strategies, warmup, out_dir, progress, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
+    if kw.get("dataset") == "text":  # strategy:unit entries, tokens/s and perplexity (bno_hvd/lab/textbench.py)
+        from bno_hvd.cli.textbench import text_bench
+
+        return text_bench(None if strategies == DEFAULT_STRATEGIES else strategies, warmup, out_dir, progress, kw)
     names = parse_name_list(strategies, "--strategies", STRATEGY_NAMES)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

@@ -62,7 +62,7 @@ def run_training(cfg, world, *, out=sys.stdout, plugin=None) -> RunResult:
                     f"loss became {global_loss} at update {step.update}; lower --lr "
                     "(the last good checkpoint, if any, is kept)"
                 )
-            steps.append(stats.rank_step(step.size, step.micro_batches))
+            steps.append(stats.rank_step(step.size, step.micro_batches, step.tokens or 0))
             record = None
             if world.master:
                 record = make_record(step, stats, global_loss, lr, clock, world.size * cfg.base_batch_size)

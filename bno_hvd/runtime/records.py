@@ -63,6 +63,7 @@ class RankStep:
     micro_batches: int = 1  # forward/backward passes the batch took (memory cap)
     gap: float = 0.0  # s from the previous update's end to this step's start (getting the batch, logging)
     cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
+    tokens: int = 0  # text: tokens (predictions) this rank processed (0 for images)
 
     @property
     def seconds(self) -> float:

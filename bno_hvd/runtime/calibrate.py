@@ -1,12 +1,14 @@
-"""The cost of a sequence on this model, measured at start-up: a sweep of lengths on every rank.
+"""The cost of a sequence on this model, measured at start-up: a sweep of lengths.
 
-Every rank times forward and backward passes of random token batches at lengths from 8 to
+Rank 0 times forward and backward passes of random token batches at lengths from 8 to
 ``--max-seq-len`` (at each length two batch sizes, so that a pass's fixed cost and a sequence's
-cost can be told apart), before the optimizer is wrapped for Horovod (no allreduce runs). The
-ranks share their measurements (each rank's times scaled to the ranks' mean, so a slower rank
-changes the level, not the shape), and every rank fits the same
-:class:`~bno_hvd.allocation.costmodel.SequenceCost` from them. Rank 0 prints the fit and its
-error on the sweep; ``run.json`` keeps both (``cost_model``).
+cost can be told apart), before the optimizer is wrapped for Horovod (no allreduce runs), while
+the other ranks wait for its result: ranks that share cores would otherwise time each other
+(measured with all 4 ranks of this 2-core machine sweeping at once: median error 29%; one
+process alone: 2-6%). Every rank fits the same :class:`~bno_hvd.allocation.costmodel.SequenceCost` from
+rank 0's rows. That is the *shape* of the cost (what a length costs relative to another); how
+fast each rank is, ``balanced`` fits from its measured steps. Rank 0 prints the fit and its error
+on the sweep; ``run.json`` keeps both (``cost_model``).
 
 Usage (what :func:`bno_hvd.runtime.components.build_run` does)::
 
@@ -55,16 +57,9 @@ def measure(model, vocab_size: int, max_seq_len: int, repeats: int = 5, seed: in
     return [(n, L, t) for (n, L), t in zip(points, best)]
 
 
-def pooled(all_rows: list[list[tuple[int, int, float]]]) -> list[tuple[int, int, float]]:
-    """Every rank's rows, each rank's times scaled so that its total is the ranks' mean total."""
-    totals = [sum(t for _, _, t in rows) for rows in all_rows]
-    mean = sum(totals) / len(totals)
-    return [(n, L, t * mean / total) for rows, total in zip(all_rows, totals) for n, L, t in rows]
-
-
 def calibrate(comm, model, vocab_size: int, max_seq_len: int) -> dict:
     """Collective: the fitted cost model (``cost``, ``fixed_seconds``, ``sweep`` rows, relative ``errors``)."""
-    rows = pooled(comm.allgather(measure(model, vocab_size, max_seq_len)))
+    rows = comm.bcast(measure(model, vocab_size, max_seq_len) if comm.Get_rank() == 0 else None, root=0)
     cost, fixed, errors = fit_sequence_cost(rows)
     return {"cost": cost, "fixed_seconds": fixed, "sweep": rows, "errors": errors}
 

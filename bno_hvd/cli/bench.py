@@ -30,7 +30,7 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 def bench(strategies, warmup, out_dir, progress, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
     if kw.get("dataset") == "text":  # strategy:unit entries, tokens/s and perplexity (bno_hvd/lab/textbench.py)
-        from bno_hvd.cli.textbench import text_bench
+        from bno_hvd.cli.bench_text import text_bench
 
         return text_bench(None if strategies == DEFAULT_STRATEGIES else strategies, warmup, out_dir, progress, kw)
     names = parse_name_list(strategies, "--strategies", STRATEGY_NAMES)

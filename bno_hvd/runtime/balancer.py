@@ -181,8 +181,8 @@ class Balancer:
 
     @property
     def batch_sizes(self) -> list[int]:
-        """Every rank's batch of the next update."""
-        return self.plan.sizes(self.plan.done)
+        """Every rank's batch of the next update (its sequences, when the plan holds shares of work)."""
+        return self.sampler.counts_at(self.sampler.position, self.plan.sizes(self.plan.done))
 
     @property
     def global_batch(self) -> int:

@@ -40,6 +40,8 @@ STATE_FLAGS = (
     "synthetic_size",
     "max_seq_len",
     "vocab_size",
+    "allocate_by",
+    "global_tokens",
     "strategy",
     "base_batch_size",
     "batch_sizes",

@@ -2,6 +2,8 @@
 UTF-8 each end every rank with one ``bno-hvd: error:`` line naming the file (exit 2, no traceback,
 no hang); a line longer than --max-seq-len is cut into pieces, said once in a note, and trains."""
 
+import json
+
 import pytest
 from support.jobs import bno_cmd, mpirun
 
@@ -37,9 +39,20 @@ def test_bad_text_ends_every_rank_with_one_line(tmp_path, content, words):
 def test_a_line_longer_than_max_seq_len_is_cut_into_pieces(tmp_path):
     long_line = " ".join(f"w{i}" for i in range(300))  # hundreds of tokens at --max-seq-len 16
     (tmp_path / "docs.txt").write_text("\n".join(LINES + [long_line]) + "\n")
-    proc = mpirun(4, bno_cmd(*RUN, "--data-dir", str(tmp_path)), timeout=180)
+    tb, log = tmp_path / "tb", tmp_path / "log"
+    proc = mpirun(4, bno_cmd(*RUN, "--data-dir", str(tmp_path), "--tensorboard", str(tb), "--log-dir", str(log)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = lines_with(proc, "bno-hvd: note:")
     cut = [n for n in notes if "longer than --max-seq-len 16 tokens and were cut into pieces" in n]
     assert len(cut) == 1, notes
     assert len(lines_with(proc, "test perplexity:")) == 1
+    assert len(lines_with(proc, "tokens/s")) == 1  # the last line: tokens/s beside samples/s
+    # tokens/s per update in updates.jsonl and TensorBoard (read back with TensorBoard's own reader)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = [json.loads(line) for line in (log / "updates.jsonl").read_text().splitlines()]
+    assert all(r["tokens_per_s"] == r["global_tokens"] / r["weight_update_time"] for r in records)
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = {e.step: e.value for e in acc.Scalars("update/tokens_per_s")}
+    assert logged == pytest.approx({r["update"]: r["tokens_per_s"] for r in records}, rel=1e-6)

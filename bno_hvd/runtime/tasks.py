@@ -161,7 +161,9 @@ class TextTask:
 
     def score(self, run) -> Score:
         w = run.world
-        loss_sum, tokens = evaluate_text(w.hvd, run.model, run.data.test, w.rank, w.size, run.cfg.max_seq_len * 64)
+        loss_sum, tokens = evaluate_text(
+            w.hvd, run.model, run.data.test, w.rank, w.size, max(4096, run.cfg.max_seq_len)
+        )
         loss = loss_sum / tokens
         perplexity = math.exp(min(loss, 700.0))
         line = f"test perplexity: {perplexity:.2f} (loss {loss:.4f} nats/token over {tokens} held-out tokens)"

@@ -85,7 +85,9 @@ class DeviceEmulator:
 def emulated_units(step) -> float:
     """What a step's emulated time is proportional to: its samples, or for token sequences its
     work in average sequences (:mod:`bno_hvd.allocation.costmodel`: lengths and attention count)."""
-    work = getattr(step, "work", None)
+    work = getattr(step, "emulated_work", None)
+    if work is None:
+        work = getattr(step, "work", None)
     return step.batch_size if work is None else work / 1000
 
 

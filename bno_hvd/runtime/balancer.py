@@ -59,6 +59,7 @@ class Step:
     token_cap: int | None = None  # memory cap in padded tokens per pass (--max-tokens)
     shares: list[int] | None = None  # allocated by work: every rank's share (batch_sizes: its sequences)
     work: int | None = None  # this rank's work (costmodel.UNITS per average sequence), with shares or work
+    emulated_work: float | None = None  # what an EMULATED device takes time for (the measured cost), if given
 
     @property
     def micro_batches(self) -> int:
@@ -137,6 +138,7 @@ class Balancer:
         max_tokens: int | None = None,
         work=None,
         cost=None,
+        emulated_work=None,
         shares: bool = False,
         global_count: int | None = None,
         global_tokens: int | None = None,
@@ -162,6 +164,7 @@ class Balancer:
         )
         self.work = None if work is None else np.asarray(work, dtype=float)
         self.cost = cost  # the SequenceCost ``work`` came from (kept in checkpoints)
+        self.emulated_work = None if emulated_work is None else np.asarray(emulated_work, dtype=float)
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
@@ -230,6 +233,8 @@ class Balancer:
             step.shares = shares
         if self.work is not None:
             step.work = int(round(float(self.work[mine].sum())))
+        if self.emulated_work is not None:
+            step.emulated_work = float(self.emulated_work[mine].sum())
         if self.sampler.lengths is not None:  # weight: this rank's share of the global batch's tokens
             step.lengths = self.sampler.lengths[mine]
             step.global_tokens = self.sampler.tokens_at(self.sampler.position, shares, self.rank)[0]

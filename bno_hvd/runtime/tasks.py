@@ -129,16 +129,21 @@ class TextTask:
             split.update(shares=True, global_count=cfg.global_batch or size * cfg.base_batch_size)
             split["global_tokens"] = cfg.global_tokens
         if unit == "tokens":
-            return {**split, "work": work_per_sequence(lengths, TOKENS), "cost": TOKENS}, {"unit": "tokens"}
-        if unit == "samples" and not cfg.emulated:
-            return split, None
+            split.update(work=work_per_sequence(lengths, TOKENS), cost=TOKENS)
+        if unit != "cost" and not cfg.emulated:
+            return split, ({"unit": unit} if unit == "tokens" else None)
         measured = calibrate(comm, model, data.num_classes, cfg.max_seq_len)
         if comm.Get_rank() == 0:
             import sys
 
             print(f"bno-hvd: note: {describe(measured)}", file=sys.stderr, flush=True)
         kept = {**measured, "cost": measured["cost"].to_dict(), "unit": unit}
-        return {**split, "work": work_per_sequence(lengths, measured["cost"]), "cost": measured["cost"]}, kept
+        measured_work = work_per_sequence(lengths, measured["cost"])
+        if unit == "cost":
+            split.update(work=measured_work, cost=measured["cost"])
+        if cfg.emulated:  # EMULATED devices take as long as the measured cost of their sequences, whatever the split
+            split["emulated_work"] = measured_work
+        return split, kept
 
     def parts(self, step, data, device, dtype):
         """``((tokens, lengths), targets, share)`` per micro-batch, each padded to its own longest sequence."""

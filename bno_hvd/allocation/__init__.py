@@ -9,6 +9,8 @@ Pure: no MPI, no Horovod, no torch, no clock; every number arrives as an argumen
 * :mod:`.metrics`   - ClusterMetrics                  * :mod:`.metrics_file` - JSON in/out
 * :mod:`.plan`      - which sizes each update uses    * :mod:`.sampler`    - the sample stream, every sample once
 * :mod:`.weighting` - loss weights, LR scaling        * :mod:`.throughput` - OPS over a window of steps
+* :mod:`.costmodel` - a sequence's cost, work units   * :mod:`.partition` - shares of work -> sequences
+* :mod:`.microbatch` - micro-batches under a token cap
 
 Usage::
 

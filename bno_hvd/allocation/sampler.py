@@ -13,13 +13,28 @@ slice that starts at ``sum(batch_sizes[:r])``. Hence:
 The sampler's position (``epoch``, ``offset``) is where the next update to run starts; it is
 part of the training state (checkpoints). A DataLoader reads ahead of it with :meth:`slice_at`
 (see :mod:`bno_hvd.runtime.loader`); only finished updates move it (:meth:`advance`).
+
+Samples of their own lengths (token sequences): with ``lengths`` (one number per sample, e.g.
+its tokens), a rank's slice is the same set of samples, ordered by length (shortest first,
+stream order among equals), so that consecutive micro-batches pad little; :meth:`tokens_at`
+gives the lengths' sum over a global batch and a rank's slice (the loss weights of
+:mod:`bno_hvd.allocation.weighting`).
+
+Shares of work (``work``: one number per sample, :mod:`bno_hvd.allocation.costmodel`): the batch
+sizes are then each rank's *share* of the update's work, and the global batch is fixed apart from
+them: ``global_count`` samples, or (``global_tokens``) the fewest next samples whose lengths sum
+to at least that many tokens. It is sorted by work and cut by the shares
+(:func:`~bno_hvd.allocation.partition.split_by_shares`); :meth:`counts_at` gives every rank's
+number of samples and :meth:`batch_count` how far the stream moves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from bno_hvd.allocation.partition import rank_range, split_by_shares
 
 
 def epoch_permutation(dataset_len: int, seed: int, epoch: int) -> np.ndarray:
@@ -70,6 +85,10 @@ class UnevenSampler:
     seed: int = 0
     epoch: int = 0
     offset: int = 0
+    lengths: np.ndarray | None = field(default=None, repr=False, compare=False)  # per sample, or None
+    work: np.ndarray | None = field(default=None, repr=False, compare=False)  # per sample: sizes are shares
+    global_count: int | None = None  # with work: samples per global batch ...
+    global_tokens: int | None = None  # ... or the fewest whose lengths reach this
 
     def __post_init__(self) -> None:
         if self.dataset_len <= 0:
@@ -111,10 +130,52 @@ class UnevenSampler:
         """``rank``'s indices (and their epochs) in the global batch that starts at ``start``."""
         if any(int(b) < 1 for b in batch_sizes):
             raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+        if self.work is not None:
+            idx, epochs = self._sorted_batch(start, batch_sizes)
+            lo, hi = rank_range(split_by_shares(self.work[idx], batch_sizes), batch_sizes, rank)
+            idx, epochs = idx[lo:hi], epochs[lo:hi]
+            order = np.argsort(self.lengths[idx], kind="stable")
+            return idx[order], epochs[order]
         lo, hi = rank_slice(batch_sizes, rank)
         idx, epochs = self.take(start.advanced(lo, self.dataset_len), hi - lo)
         assert len(idx) == batch_sizes[rank], "a rank's slice must have its allocated length"
+        if self.lengths is not None:
+            order = np.argsort(self.lengths[idx], kind="stable")
+            idx, epochs = idx[order], epochs[order]
         return idx, epochs
+
+    def _sorted_batch(self, start: Position, shares: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        idx, epochs = self.take(start, self.batch_count(start, shares))
+        order = np.argsort(self.work[idx], kind="stable")
+        return idx[order], epochs[order]
+
+    def batch_count(self, start: Position, batch_sizes: list[int]) -> int:
+        """Samples in the global batch at ``start``: ``sum(batch_sizes)``; with ``work``, by count or tokens."""
+        if self.work is None:
+            return int(sum(batch_sizes))
+        if self.global_tokens is None:
+            return int(self.global_count)
+        need, chunk = len(batch_sizes), 64
+        while True:
+            idx, _ = self.take(start, chunk)
+            reached = np.flatnonzero(np.cumsum(self.lengths[idx]) >= self.global_tokens)
+            if reached.size:
+                return max(need, int(reached[0]) + 1)
+            chunk *= 2
+
+    def counts_at(self, start: Position, batch_sizes: list[int]) -> list[int]:
+        """Every rank's number of samples in the global batch at ``start``."""
+        if self.work is None:
+            return [int(b) for b in batch_sizes]
+        idx, _ = self._sorted_batch(start, batch_sizes)
+        return split_by_shares(self.work[idx], batch_sizes)
+
+    def tokens_at(self, start: Position, batch_sizes: list[int], rank: int) -> tuple[int, int]:
+        """With ``lengths``: their sum over the global batch at ``start`` and over ``rank``'s slice."""
+        assert self.lengths is not None, "tokens_at needs lengths"
+        total = int(self.lengths[self.take(start, self.batch_count(start, batch_sizes))[0]].sum())
+        mine = int(self.lengths[self.slice_at(start, batch_sizes, rank)[0]].sum())
+        return total, mine
 
     def advance(self, total: int) -> None:
         """Move past ``total`` samples of the stream (every rank does this, in step)."""

@@ -6,7 +6,8 @@ become a :class:`~bno_hvd.runtime.config.TrainConfig` and a run, and where lab b
 (emulation, CPU quotas, faults) is plugged into the runtime. Nothing imports the CLI.
 
 - :mod:`.main` - the click group (``bno-hvd``), one error line per user error
-- :mod:`.flags` - the flags train, bench and experiment share
+- :mod:`.flags` - the flags train, bench and experiment share (:mod:`.textflags`: the text ones)
+- :mod:`.bench_text` - ``bench --dataset text``
 - :mod:`.train`, :mod:`.bench`, :mod:`.experiment`, :mod:`.allocate`, :mod:`.docs` - the commands
 - :mod:`.console` - what the user sees of a job (``bno-hvd console``)
 - :mod:`.hostfile` - hostfile validation (``bno-hvd check-hostfile``)

@@ -55,6 +55,10 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 @click.option("--profiles", default=None, help="--suite: only these profiles (comma-separated names).")
 def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
+    if kw.get("dataset") == "text":  # strategy:unit entries, tokens/s and perplexity (bno_hvd/lab/textbench.py)
+        from bno_hvd.cli.bench_text import text_bench
+
+        return text_bench(None if strategies == DEFAULT_STRATEGIES else strategies, warmup, out_dir, progress, kw)
     if suite or profiles:
         return run_suite_command(strategies, warmup, rounds, out_dir, profiles)
     names = parse_strategies(strategies)
@@ -79,8 +83,12 @@ def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
 
     world = init_world(**base.world_options())
     outcome = run_bench(base, names, warmup, out_dir, world, echo=lambda m: click.echo(m, err=True), rounds=rounds)
-    if outcome is None:  # not rank 0
-        return
+    if outcome is not None:  # rank 0
+        print_outcome(outcome, rounds, out_dir)
+
+
+def print_outcome(outcome, rounds: int, out_dir) -> None:
+    """Rank 0: the table, the paired comparison, where each rank's update goes, recovery, moves."""
     click.echo(outcome.label)
     click.echo(format_table(outcome.summaries))
     if outcome.paired:

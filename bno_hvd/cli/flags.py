@@ -6,8 +6,9 @@ from __future__ import annotations
 import click
 
 from bno_hvd.allocation import STRATEGY_NAMES
+from bno_hvd.cli.textflags import TEXT_OPTIONS, text_values
 from bno_hvd.common.parsing import CAP, parse_int_list
-from bno_hvd.data.catalog import DATASET_NAMES, MODEL_NAMES
+from bno_hvd.data.catalog import DATASET_NAMES, MODEL_NAMES, TEXT_DATASET_NAMES, TEXT_MODEL_NAMES
 from bno_hvd.lab.cpuquota import parse_quotas
 from bno_hvd.lab.emulation import parse_speeds
 from bno_hvd.lab.plugin import check_lab_config
@@ -27,8 +28,8 @@ def train_options(fn=None, *, exclude=()):
                 "--model",
                 default=D.model,
                 show_default=True,
-                help=f"Model: {', '.join(MODEL_NAMES)}, any torchvision classification model (e.g. resnet18), "
-                "or package.module:function returning an nn.Module.",
+                help=f"Model: {', '.join(MODEL_NAMES + TEXT_MODEL_NAMES)}, any torchvision classification model "
+                "(e.g. resnet18), or package.module:function returning an nn.Module.",
             ),
         ),
         (
@@ -44,11 +45,12 @@ def train_options(fn=None, *, exclude=()):
             "dataset",
             click.option(
                 "--dataset",
-                type=click.Choice(DATASET_NAMES),
+                type=click.Choice(DATASET_NAMES + TEXT_DATASET_NAMES),
                 default=D.dataset,
                 show_default=True,
-                help="fashion-mnist (Debian package), mnist (IDX files in --data-dir), synthetic, "
-                "or imagefolder (--data-dir with train/ and val/ of class folders).",
+                help="fashion-mnist (Debian package), mnist (IDX files in --data-dir), synthetic, imagefolder "
+                "(--data-dir with train/ and val/ of class folders), or text (Debian's fortunes, or --data-dir "
+                "of .txt/.jsonl files).",
             ),
         ),
         (
@@ -326,7 +328,7 @@ def train_options(fn=None, *, exclude=()):
                 "memory; allocation changes (bench and experiment: one sub-directory per run).",
             ),
         ),
-    ]
+    ] + TEXT_OPTIONS
     for name, opt in reversed(opts):
         if name not in exclude:
             fn = opt(fn)
@@ -343,6 +345,6 @@ def config_from_flags(**kw) -> TrainConfig:
     kw["max_batch"] = None if caps == "auto" else parse_int_list(caps, "--max-batch", CAP)
     quotas = kw.pop("cpu_quota", None)
     kw["cpu_quota"] = tuple(parse_quotas(quotas)) if quotas else None
-    cfg = TrainConfig(**kw)
+    cfg = TrainConfig(**text_values(kw))
     check_lab_config(cfg)
     return cfg

@@ -4,6 +4,9 @@ nothing of the runtime, the lab or the CLI.
 - :mod:`.catalog` - names and sizes of the built-in datasets and models (no torch: the CLI starts fast)
 - :mod:`.images` - Fashion-MNIST, MNIST, synthetic data, image folders; augmentation; offline roots
 - :mod:`.models` - the baseline CNN, torchvision models by name, ``package.module:function``
+- :mod:`.corpus` - text documents: Debian's fortunes, or a directory of .txt/.jsonl files
+- :mod:`.tokens` - the offline BPE tokenizer, sequences of their own lengths, padded batches
+- :mod:`.gpt` - language models: gpt-mini, or ``package.module:function``
 
 Re-exported (loaded on first use)::
 

@@ -173,7 +173,8 @@ def _torchvision(name: str, num_classes: int) -> nn.Module:
     return builder(weights=None, num_classes=num_classes, **extra)
 
 
-def _user_model(spec: str, num_classes: int) -> nn.Module:
+def load_user_function(spec: str):
+    """``package.module:function`` imported: ``(function, spec as shown in messages)``; :class:`UsageError` if not."""
     module_name, _, attr = spec.partition(":")
     shown = show_text(spec)  # a spec may hold anything a shell can pass, line breaks included
     if not module_name or not attr or not module_name.replace(".", "").replace("_", "").isalnum():
@@ -188,6 +189,11 @@ def _user_model(spec: str, num_classes: int) -> nn.Module:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UsageError(f"--model {shown}: {module_name} has no function {show_text(attr)}")
+    return fn, shown
+
+
+def _user_model(spec: str, num_classes: int) -> nn.Module:
+    fn, shown = load_user_function(spec)
     try:
         takes_classes = "num_classes" in inspect.signature(fn).parameters
     except (TypeError, ValueError):

@@ -10,6 +10,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.faults` - injected faults for the reliability tests
 - :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
+- :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
 - :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures
 """

@@ -74,12 +74,21 @@ class DeviceEmulator:
 
     def record_real(self, batch_size: int, real_seconds: float, update: int) -> None:
         """Feed the real compute time of a step (excluding the wait)."""
-        per_sample = real_seconds / max(1, batch_size)
+        per_sample = real_seconds / max(1e-9, batch_size)
         self.real_per_sample = (
             per_sample if self.real_per_sample is None else 0.8 * self.real_per_sample + 0.2 * per_sample
         )
         if real_seconds > self.target_seconds(batch_size, update):
             self.overruns += 1
+
+
+def emulated_units(step) -> float:
+    """What a step's emulated time is proportional to: its samples, or for token sequences its
+    work in average sequences (:mod:`bno_hvd.allocation.costmodel`: lengths and attention count)."""
+    work = getattr(step, "emulated_work", None)
+    if work is None:
+        work = getattr(step, "work", None)
+    return step.batch_size if work is None else work / 1000
 
 
 class EmulationHook(Hook):
@@ -93,13 +102,13 @@ class EmulationHook(Hook):
 
     def before_compute(self, step) -> None:
         self._t0 = self._clock()
-        self._sleep(self.emulator.pre_wait(step.batch_size, step.update))
+        self._sleep(self.emulator.pre_wait(emulated_units(step), step.update))
         self._t_real = self._clock()
 
     def after_compute(self, step) -> None:
         now = self._clock()
-        self.emulator.record_real(step.batch_size, now - self._t_real, step.update)
-        target = self.emulator.target_seconds(step.batch_size, step.update)
+        self.emulator.record_real(emulated_units(step), now - self._t_real, step.update)
+        target = self.emulator.target_seconds(emulated_units(step), step.update)
         if now - self._t0 < target:  # the prediction was short: finish the emulated compute phase
             self._sleep(target - (now - self._t0))
         self._updates += 1

@@ -20,6 +20,9 @@ Processes and devices: :mod:`.world` (MPI, then Horovod), :mod:`.gloo` (Horovod 
 MPI job), :mod:`.mpienv` (MPI settings in a rank), :mod:`.heap` (malloc thresholds),
 :mod:`.collectives` (waits that sleep), :mod:`.device` (CPU/GPU, ``--amp``).
 
+Text: :mod:`.tasks` (images or text: batches, loss, score), :mod:`.calibrate` (the cost of a
+sequence, measured at start-up), :mod:`.textrules` (the text flags' checks).
+
 The training loop: :mod:`.config` (one frozen dataclass, validated by a table) ->
 :mod:`.components` (builds a run) -> :mod:`.loop` (the update loop) with :mod:`.hooks`,
 :mod:`.evaluation`, :mod:`.clock`; what a run writes: :mod:`.records`, :mod:`.runlog`,

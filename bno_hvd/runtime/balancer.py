@@ -25,12 +25,11 @@ The drop-in surface for a Horovod script (no calls inside the loop) is :mod:`bno
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from bno_hvd.allocation.sampler import UnevenSampler, epoch_share
-from bno_hvd.allocation.weighting import rank_weight, scaled_lr
+from bno_hvd.allocation.costmodel import SequenceCost, work_per_sequence
+from bno_hvd.allocation.sampler import UnevenSampler
+from bno_hvd.allocation.weighting import rank_weight
 from bno_hvd.common.errors import UsageError, WarningLog
 from bno_hvd.runtime.control.controller import Controller
 from bno_hvd.runtime.control.monitor import process_memory_bytes
@@ -38,52 +37,28 @@ from bno_hvd.runtime.control.plane import RankReport
 from bno_hvd.runtime.cpulimit import BindingLimit
 from bno_hvd.runtime.heap import keep_freed_memory
 from bno_hvd.runtime.loader import Batch, LoaderFeed, make_loader
+from bno_hvd.runtime.samplerface import SamplerFace
+from bno_hvd.runtime.step import Step
 from bno_hvd.runtime.timing import StepStats, StepTimer
 
 __all__ = ["Balancer", "Step", "StepStats"]
 
 
-@dataclass
-class Step:
-    """One update as seen by one rank."""
-
-    update: int
-    batch_sizes: list[int]  # every rank's batch this update
-    weight: float  # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
-    size: int  # this rank's batch
-    indices: np.ndarray | None = None  # without a loader: this rank's sample indices
-    cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
-    keys: tuple = ()  # with a loader: (epoch, index) of every sample of this rank's batch
-
-    @property
-    def micro_batches(self) -> int:
-        """Forward/backward passes this rank's batch takes under its memory cap."""
-        return 1 if self.cap is None else -(-self.size // self.cap)
-
-    def parts(self):
-        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the batch."""
-        per = self.size if self.cap is None else self.cap
-        for start in range(0, self.size, per):
-            stop = min(self.size, start + per)
-            yield slice(start, stop), (stop - start) / self.size
-
-    @property
-    def batch_size(self) -> int:
-        return self.size
-
-    @property
-    def global_batch(self) -> int:
-        return int(sum(self.batch_sizes))
-
-
-class Balancer:
+class Balancer(SamplerFace):
     """Measures this rank, rebalances every ``rebalance_every`` updates through rank 0, and
     hands out each rank's slice of the global batch.
 
     ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
     :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
     ``monitor`` is an optional started :class:`bno_hvd.runtime.control.monitor.MetricsMonitor`;
-    ``max_batch`` this rank's memory cap in samples; ``lag`` the allocation lag D (None: the
+    ``max_batch`` this rank's memory cap in samples; ``lengths`` one length per sample (the
+    tokens of a sequence: each rank's loss weight is then its share of the global batch's tokens,
+    see :class:`Step`) and ``max_tokens`` this rank's cap in padded tokens per forward/backward
+    pass; ``work`` one cost per sample (:mod:`bno_hvd.allocation.costmodel`; ``cost``: the
+    SequenceCost it came from, which checkpoints keep): measured steps are then
+    fitted in work, and with ``shares`` the strategy's sizes are each rank's share of the work of
+    a global batch of ``global_count`` samples or ``global_tokens`` tokens
+    (:mod:`bno_hvd.allocation.partition`); ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
     queued work before the end of compute is timed.
@@ -108,6 +83,14 @@ class Balancer:
         lag: int | None = None,
         report_filter=None,
         sync=None,
+        lengths=None,
+        max_tokens: int | None = None,
+        work=None,
+        cost=None,
+        emulated_work=None,
+        shares: bool = False,
+        global_count: int | None = None,
+        global_tokens: int | None = None,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
@@ -119,20 +102,23 @@ class Balancer:
         self.monitor = monitor
         self.max_batch = max_batch
         self.report_filter = report_filter
-        self.sampler = UnevenSampler(dataset_len, seed=seed)
+        self.max_tokens = max_tokens
+        self.sampler = UnevenSampler(
+            dataset_len,
+            seed=seed,
+            lengths=None if lengths is None else np.asarray(lengths),
+            work=np.asarray(work) if shares else None,
+            global_count=global_count,
+            global_tokens=global_tokens,
+        )
+        self.work = None if work is None else np.asarray(work, dtype=float)
+        self.cost = cost  # the SequenceCost ``work`` came from (kept in checkpoints)
+        self.emulated_work = None if emulated_work is None else np.asarray(emulated_work, dtype=float)
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
         self._computed = False  # end_compute() came for the open step
-
-    @classmethod
-    def for_world(cls, dataset, batch_size: int, strategy="balanced", **options) -> Balancer:
-        """A Balancer over every rank of ``MPI.COMM_WORLD`` (a duplicate of it), the drop-in for
-        Horovod's ``DistributedSampler``: see :func:`bno_hvd.runtime.dropin.world_balancer`."""
-        from bno_hvd.runtime.dropin import world_balancer
-
-        return world_balancer(cls, dataset, batch_size, strategy, **options)
 
     # -- what the loop asks ---------------------------------------------------------------
 
@@ -148,8 +134,8 @@ class Balancer:
 
     @property
     def batch_sizes(self) -> list[int]:
-        """Every rank's batch of the next update."""
-        return self.plan.sizes(self.plan.done)
+        """Every rank's batch of the next update (its sequences, when the plan holds shares of work)."""
+        return self.sampler.counts_at(self.sampler.position, self.plan.sizes(self.plan.done))
 
     @property
     def global_batch(self) -> int:
@@ -178,31 +164,6 @@ class Balancer:
                 if self.update >= updates:
                     return
 
-    # -- what a DistributedSampler offers (Horovod scripts call these) ---------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        """Accepted so that a Horovod script runs unchanged; changes nothing. The stream draws a
-        new permutation per epoch by itself (seeded by (seed, epoch)), and one ``for`` over a loader
-        is one epoch of it."""
-
-    def __len__(self) -> int:
-        """Samples this rank reads per epoch at the newest allocation, ceil(N * n_r / sum(n))
-        (``DistributedSampler``'s ceil(N / size) when batches are even)."""
-        return epoch_share(self.sampler.dataset_len, self.plan.latest(), self.rank)
-
-    def __iter__(self):
-        raise UsageError(
-            "the balancer is not a torch sampler: build the loader with "
-            "bno_hvd.DataLoader(dataset, sampler=balancer, ...) or balancer.loader(dataset, ...)"
-        )
-
-    def lr_scale(self, rule: str = "linear") -> float:
-        """What replaces Horovod's ``hvd.size()`` in ``lr * hvd.size()``: the global batch over the
-        per-rank base batch B (Goyal et al.'s linear rule; 1 with ``rule='none'``). It is
-        ``hvd.size()`` when the global batch is N*B, the default. A changing global batch
-        (``bno``) is followed per update by :func:`bno_hvd.DistributedOptimizer`."""
-        return scaled_lr(1.0, self.strategy.global_batch, 1, self.strategy.base_batch_size, rule)
-
     def agree_lag(self, depth: int) -> int:
         """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""
         return self.control.agree_lag(depth)
@@ -210,17 +171,29 @@ class Balancer:
     def start_step(self, batch: Batch | None = None) -> Step:
         """Begin an update: this rank's work and loss weight. ``batch`` comes from :meth:`loader`."""
         update = self.plan.done
-        sizes = self.plan.sizes(update)
+        shares = self.plan.sizes(update)
+        sizes = self.sampler.counts_at(self.sampler.position, shares)  # = shares unless split by work
+        mine = self.sampler.slice_at(self.sampler.position, shares, self.rank)[0]
         if batch is None:
-            indices, _ = self.sampler.slice_at(self.sampler.position, sizes, self.rank)
-            size = len(indices)
+            indices, size = mine, len(mine)
         else:
             indices, size = None, self._check(batch, update, sizes)
         self.timer.start()
         keys = () if batch is None else batch.keys
-        self._step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch, keys)
-        self._computed = False
-        return self._step
+        step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch, keys)
+        if self.sampler.work is not None:
+            step.shares = shares
+        if self.work is not None:
+            step.work = int(round(float(self.work[mine].sum())))
+        if self.emulated_work is not None:
+            step.emulated_work = float(self.emulated_work[mine].sum())
+        if self.sampler.lengths is not None:  # weight: this rank's share of the global batch's tokens
+            step.lengths = self.sampler.lengths[mine]
+            step.global_tokens = self.sampler.tokens_at(self.sampler.position, shares, self.rank)[0]
+            step.weight = int(step.lengths.sum()) / step.global_tokens
+            step.token_cap, step.cap = self.max_tokens, None
+        self._step, self._computed = step, False
+        return step
 
     @property
     def current_step(self) -> Step | None:
@@ -238,7 +211,8 @@ class Balancer:
 
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""
-        seconds = self.timer.end_compute(self._require_step().size)
+        step = self._require_step()
+        seconds = self.timer.end_compute(step.size if step.shares is None else step.work)  # in work when split by it
         self._computed = True
         return seconds
 
@@ -301,11 +275,18 @@ class Balancer:
 
     def state_dict(self) -> dict:
         """What the next update depends on: updates done, decided allocations, stream position."""
-        return {"update": self.update, "sampler": self.sampler.state_dict(), **self.control.state_dict()}
+        cost = None if self.cost is None else self.cost.to_dict()
+        return {"update": self.update, "sampler": self.sampler.state_dict(), "cost": cost, **self.control.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.control.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
+        if state.get("cost") is not None and self.sampler.lengths is not None:
+            # the resumed run splits by the cost the interrupted one measured, not by a new measurement
+            self.cost = SequenceCost(**{k: float(v) for k, v in state["cost"].items()})
+            self.work = work_per_sequence(self.sampler.lengths, self.cost)
+            if self.sampler.work is not None:
+                self.sampler.work = self.work
 
     # -- helpers --------------------------------------------------------------------------
 

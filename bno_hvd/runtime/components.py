@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +22,7 @@ from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.weighting import scaled_lr
 from bno_hvd.common.atomic import atomic_write
 from bno_hvd.common.errors import UsageError
-from bno_hvd.data.images import Datasets, load_datasets
-from bno_hvd.data.models import build_model
+from bno_hvd.data.images import Datasets
 from bno_hvd.runtime.balancer import Balancer
 from bno_hvd.runtime.checkpoint import restore_training_state
 from bno_hvd.runtime.config import TrainConfig
@@ -31,6 +31,7 @@ from bno_hvd.runtime.cpulimit import cpu_limit
 from bno_hvd.runtime.device import Device, measure_cap
 from bno_hvd.runtime.hooks import Hooks, Plugin
 from bno_hvd.runtime.runlog import Progress, UpdateLog, check_output_paths
+from bno_hvd.runtime.tasks import ImageTask, make_task
 from bno_hvd.runtime.tensorboard import TensorBoardHook, check_tensorboard
 
 
@@ -45,6 +46,8 @@ class Prepared:
     strategy: object
     plugin: Plugin  # what the caller added (the lab's emulated speeds, real CPU quotas, faults)
     cap: int | None  # this rank's memory cap (samples per forward/backward pass)
+    task: object = None  # bno_hvd.runtime.tasks: images or text
+    notes: tuple = ()  # what the data said for the user (rank 0 prints them once)
 
 
 def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=None) -> Prepared:
@@ -54,19 +57,14 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
     for a plain run, which refuses the flags only a plugin serves."""
     cfg.check_world(size)
     built = make_plugin(cfg, size, plugin)
-    data = load_datasets(
-        cfg.dataset,
-        cfg.data_dir,
-        with_test=cfg.eval,
-        image_size=cfg.image_size,
-        synthetic_size=cfg.synthetic_size,
-        seed=cfg.seed,
-    )
+    task = make_task(cfg)
+    data, notes = task.load(cfg)
+    base, global_batch = task.strategy_units(cfg, data, size)  # samples, or shares of work (text)
     strategy = make_strategy(
         cfg.strategy,
         size,
-        cfg.base_batch_size,
-        global_batch=cfg.global_batch,
+        base,
+        global_batch=global_batch,
         seed=cfg.seed,
         batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None,
     )
@@ -75,7 +73,7 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
         if cfg.tensorboard:
             check_tensorboard()
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, cfg.num_classes or data.num_classes, data.input_shape)
+    model = task.build_model(cfg, data)
     device = Device.for_rank(cfg.device, local_rank, cfg.amp)
     model = model.to(device=device.torch, dtype=getattr(torch, cfg.dtype))
     cap = measure_cap(model, data.input_shape, device) if cfg.max_batch_auto else cfg.cap_of(rank)
@@ -84,7 +82,7 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
         if cfg.optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     )
-    return Prepared(data, device, model, optimizer, strategy, built, cap)
+    return Prepared(data, device, model, optimizer, strategy, built, cap, task, tuple(notes))
 
 
 def make_plugin(cfg: TrainConfig, size: int, factory=None) -> Plugin:
@@ -130,6 +128,7 @@ class Run:
     resumed_from: int | None = None
     scaler: object = None  # a GradScaler with --amp on a GPU
     outside_limits: list | None = None  # per rank: the CPU limit its cgroup had at the start (None: none)
+    task: object = ImageTask()  # bno_hvd.runtime.tasks: how batches reach the model, the loss, the score
 
     def __post_init__(self) -> None:
         self.scaler = self.device.grad_scaler()
@@ -143,11 +142,9 @@ class Run:
         """``loss.backward()``, through the GradScaler with ``--amp`` on a GPU."""
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def inputs(self, data):
-        """A batch's images and labels on the model's device, in its precision."""
-        x, y = data
-        dev = self.device.torch
-        return x.to(dev, getattr(torch, self.cfg.dtype), non_blocking=True), y.to(dev, non_blocking=True)
+    def parts(self, step, data):
+        """``(inputs, targets, share)`` per micro-batch of this rank's batch, on the model's device."""
+        return self.task.parts(step, data, self.device.torch, getattr(torch, self.cfg.dtype))
 
     def close(self) -> None:
         try:
@@ -177,6 +174,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
 
     hvd = world.hvd
     hooks = build_hooks(cfg, prepared, world.rank)
+    # text: the cost of a sequence, measured before Horovod wraps the optimizer (no allreduce in it)
+    split, cost_model = prepared.task.allocation(cfg, world.control_comm, prepared.model, prepared.data, world.size)
     monitor = MetricsMonitor(
         world.monitor_comm,
         device=prepared.device.name,
@@ -195,6 +194,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             lag=cfg.allocation_lag,
             report_filter=hooks.report,
             sync=prepared.device.synchronize,
+            max_tokens=cfg.token_cap_of(world.rank),
+            **split,
         )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
         # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.
@@ -216,6 +217,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             prefetch_factor=cfg.prefetch_factor,
             pin_memory=cfg.pin_memory or prepared.device.is_cuda,
             persistent_workers=cfg.num_workers > 0,
+            **({"collate_fn": prepared.task.collate} if prepared.task.collate else {}),
         )
     except BaseException:
         monitor.stop()
@@ -236,8 +238,13 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         "collectives": getattr(world, "collectives", None),  # what --collectives auto resolved to
         "resumed_from": resumed_from,
         "cpu_limits_outside": outside,
+        "allocation_unit": cfg.allocation_unit,
+        **({"cost_model": cost_model} if cost_model else {}),
     }
     master = world.rank == 0
+    if master:
+        for note in prepared.notes:
+            print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None, keep_before=resumed_from)
     progress = Progress(cfg.updates, enabled=master and cfg.progress, start=balancer.update)
     return Run(
@@ -258,6 +265,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         label=prepared.plugin.label,
         resumed_from=resumed_from,
         outside_limits=outside,
+        task=prepared.task,
     )
 
 

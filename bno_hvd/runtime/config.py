@@ -20,6 +20,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
 from bno_hvd.data.catalog import SYNTHETIC_SIZE
 from bno_hvd.runtime.control.monitor import LATENCY_INTERVAL, PROBE_BYTES
+from bno_hvd.runtime.textrules import TEXT_RULES
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class TrainConfig:
     image_size: int = 64  # imagefolder: side of the square crops
     synthetic_size: int = SYNTHETIC_SIZE
     dtype: str = "float32"  # float64 for exactness checks
+    max_seq_len: int = 256  # text: most predictions per sequence (longer documents are cut into pieces)
+    vocab_size: int = 2048  # text: entries of the BPE tokenizer trained on the training documents
     # -- how to split it ----------------------------------------------------------------------
     strategy: str = "balanced"
     base_batch_size: int = 32
@@ -40,6 +43,9 @@ class TrainConfig:
     rebalance_every: int = 10
     max_batch: tuple[int, ...] | None = None  # memory cap per forward/backward pass: one, or one per rank
     max_batch_auto: bool = False  # --max-batch auto: each GPU measures its own cap
+    max_tokens: tuple[int, ...] | None = None  # text: memory cap in padded tokens per pass, one or one per rank
+    allocate_by: str | None = None  # samples, tokens or cost (text); None: cost for text (samples with fixed)
+    global_tokens: int | None = None  # text, by tokens or cost: the global batch in tokens instead of sequences
     # -- the optimisation ---------------------------------------------------------------------
     updates: int = 600
     lr: float = 0.02
@@ -90,7 +96,7 @@ class TrainConfig:
             check_spec(self.strategy)
         except UsageError as err:
             raise UsageError(f"--strategy: {err}") from None
-        for needs, message in PAIR_RULES:
+        for needs, message in PAIR_RULES + TEXT_RULES:
             if needs(self):
                 raise UsageError(message(self))
 
@@ -123,6 +129,11 @@ class TrainConfig:
             raise UsageError(
                 f"--global-batch {self.global_batch} is smaller than the {size} ranks; every rank needs >= 1 sample"
             )
+        if self.max_tokens is not None and len(self.max_tokens) not in (1, size):
+            raise UsageError(
+                f"--max-tokens has {len(self.max_tokens)} entries but the job has {size} ranks; "
+                "give one cap for every rank or one per rank"
+            )
         if self.max_batch is not None and len(self.max_batch) not in (1, size):
             raise UsageError(
                 f"--max-batch has {len(self.max_batch)} entries but the job has {size} ranks; "
@@ -134,6 +145,19 @@ class TrainConfig:
         if self.max_batch is None:
             return None
         return self.max_batch[0] if len(self.max_batch) == 1 else self.max_batch[rank]
+
+    @property
+    def allocation_unit(self) -> str:
+        """What the strategy splits: ``samples`` (counts), or shares of ``tokens`` or ``cost`` (text)."""
+        if self.allocate_by is not None:
+            return self.allocate_by
+        return "cost" if self.dataset == "text" and self.strategy != "fixed" else "samples"
+
+    def token_cap_of(self, rank: int) -> int | None:
+        """Rank ``rank``'s memory cap in padded tokens per pass (text), None without one."""
+        if self.max_tokens is None:
+            return None
+        return self.max_tokens[0] if len(self.max_tokens) == 1 else self.max_tokens[rank]
 
     @property
     def emulated(self) -> bool:

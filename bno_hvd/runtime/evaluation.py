@@ -44,3 +44,38 @@ def _batches(dataset, shard: list[int], batch_size: int, num_workers: int):
             yield x[idx], y[idx]
         return
     yield from DataLoader(Subset(dataset, shard), batch_size=batch_size, num_workers=num_workers)
+
+
+def evaluate_text(hvd, model, dataset, rank: int, size: int, batch_tokens: int) -> tuple[float, int]:
+    """Summed next-token loss (nats) and the number of predicted tokens over ``dataset`` (token
+    sequences, :mod:`bno_hvd.data.tokens`), every rank scoring every ``size``-th sequence in
+    batches of at most ``batch_tokens`` padded tokens (collective over Horovod's ranks)."""
+    import numpy as np
+
+    from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets
+
+    device = next(model.parameters()).device
+    mine = np.arange(rank, len(dataset), size)
+    mine = mine[np.argsort(dataset.lengths[mine], kind="stable")]  # similar lengths pad little
+    totals = torch.zeros(2, dtype=torch.float64)
+    model.eval()
+    with torch.no_grad():
+        start = 0
+        while start < len(mine):
+            stop = start + 1
+            while stop < len(mine) and (stop - start + 1) * int(dataset.lengths[mine[stop]]) <= batch_tokens:
+                stop += 1
+            tokens, lengths = collate_tokens([dataset[int(i)] for i in mine[start:stop]])
+            inputs, targets = inputs_and_targets(tokens, lengths)
+            logits = model(inputs.to(device), lengths.to(device))
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                targets.to(device).reshape(-1),
+                ignore_index=IGNORE,
+                reduction="sum",
+            )
+            totals += torch.tensor([float(loss), float(lengths.sum())], dtype=torch.float64)
+            start = stop
+    model.train()
+    totals = hvd.allreduce(totals, op=hvd.Sum, name="bno.eval.text")
+    return float(totals[0]), int(totals[1])

@@ -93,12 +93,13 @@ class UnevenBatchSampler:
             sizes = self.plan.sizes(update)  # LagError if not decided yet: never a mismatch
             idx, epochs = self.sampler.slice_at(position, sizes, self.rank)
             yield [(update, int(e), int(i)) for e, i in zip(epochs, idx)]
-            position = position.advanced(sum(sizes), self.sampler.dataset_len)
+            position = position.advanced(self.sampler.batch_count(position, sizes), self.sampler.dataset_len)
             update += 1
 
     def __len__(self) -> int:
         """Updates left in this epoch at the newest global batch (exact while it does not change)."""
-        return updates_left(self.sampler.dataset_len, self.sampler.offset, sum(self.plan.latest()))
+        total = self.sampler.batch_count(self.sampler.position, self.plan.latest())
+        return updates_left(self.sampler.dataset_len, self.sampler.offset, total)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

@@ -14,15 +14,12 @@ import math
 import os
 import sys
 
-import torch.nn.functional as F
-
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.common.errors import TrainingError
 from bno_hvd.runtime.checkpoint import save_training_state
 from bno_hvd.runtime.clock import Stopwatch
 from bno_hvd.runtime.collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
 from bno_hvd.runtime.components import Run, build_run, save_model
-from bno_hvd.runtime.evaluation import evaluate
 from bno_hvd.runtime.records import RunResult, UpdateRecord, steps_to_json
 from bno_hvd.runtime.runstats import where_time_went
 
@@ -86,11 +83,10 @@ class Training:
         lr = set_lr(opt, run.lr())
         opt.zero_grad()
         set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
-        x, y = run.inputs(batch.data)
         loss = 0.0
-        for part, share in step.parts():  # micro-batches: gradients accumulate
+        for inputs, targets, share in run.parts(step, batch.data):  # micro-batches: gradients accumulate
             with run.device.autocast():
-                part_loss = hooks.loss(F.cross_entropy(model(x[part]), y[part]), step)
+                part_loss = hooks.loss(run.task.loss(model, inputs, targets), step)
             run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
             loss = loss + part_loss.detach() * share
         hooks.after_compute(step)
@@ -109,7 +105,7 @@ class Training:
                 f"loss became {global_loss} at update {step.update}; lower --lr "
                 "(the last good checkpoint, if any, is kept)"
             )
-        self.steps.append(stats.rank_step(step.size, step.micro_batches))
+        self.steps.append(stats.rank_step(step.size, step.micro_batches, step.tokens or 0))
         record = None
         if world.master:
             record = make_record(step, stats, global_loss, lr, self.clock, world.size * cfg.base_batch_size)
@@ -172,22 +168,17 @@ def make_record(step, stats, loss: float, lr: float, clock: Stopwatch, base_glob
         base_global_batch=base_global,
         rank_memory=stats.rank_memory,
         rebalance_note=stats.rebalance_note,
+        global_tokens=step.global_tokens,
+        tokens_per_s=step.global_tokens / cycle if step.global_tokens and cycle > 0 else None,
     )
 
 
 def evaluation_point(run: Run, samples: int, clock: Stopwatch) -> dict:
-    """Test accuracy now, on the training clock (the evaluation itself is not training time)."""
+    """Test accuracy (perplexity for text) now, on the training clock (the evaluation itself is not training time)."""
     now = clock.elapsed()
     with clock.paused():
-        correct, total = score_test_split(run)
-    return {"update": run.balancer.update, "samples": samples, "time": now, "accuracy": correct / total}
-
-
-def score_test_split(run: Run) -> tuple[int, int]:
-    w = run.world
-    return evaluate(
-        w.hvd, run.model, run.data.test, w.rank, w.size, run.cfg.eval_batch_size, num_workers=run.cfg.num_workers
-    )
+        score = run.task.score(run)
+    return {"update": run.balancer.update, "samples": samples, "time": now, **score.point}
 
 
 def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -> RunResult:
@@ -210,27 +201,30 @@ def finish(run: Run, clock: Stopwatch, records, steps, evals, out, alone=None) -
         rank_steps=rank_steps or [],
         allreduce_alone=alone_by_rank,
         cpu_limits_outside=run.outside_limits,
+        tokens=sum(r.global_tokens for r in records) if records and records[0].global_tokens else None,
     )
     if world.master and rank_steps:
         result.compute_balance, result.compute_balance_of_means, result.outside_compute_share = where_time_went(
             records, rank_steps
         )
     if run.data.test is not None:
-        correct, total = score_test_split(run)
-        result.test_correct, result.test_total, result.test_accuracy = correct, total, correct / total
+        score = run.task.score(run)
+        for name, value in score.fields.items():
+            setattr(result, name, value)
         if world.master:
-            print(
-                f"test accuracy: {correct / total:.4f} ({correct}/{total}) after {bal.update} updates, "
-                f"{result.samples} samples, {wall:.1f} s",
-                file=out,
-                flush=True,
+            done = (
+                f"{result.samples} samples"
+                if result.tokens is None
+                else f"{result.samples} sequences, {result.tokens} tokens"
             )
+            print(f"{score.line} after {bal.update} updates, {done}, {wall:.1f} s", file=out, flush=True)
     figures = (result.compute_balance, result.compute_balance_of_means, result.outside_compute_share)
     if world.master and None not in figures:
         print(
             f"compute balance {result.compute_balance:.2f} per update, {result.compute_balance_of_means:.2f} of the "
             f"ranks' means; {result.outside_compute_share:.0%} of the update outside compute; "
-            f"{result.samples_per_s:.1f} samples/s",
+            f"{result.samples_per_s:.1f} samples/s"
+            + (f", {result.tokens_per_s:.1f} tokens/s" if result.tokens is not None else ""),
             file=out,
             flush=True,
         )

@@ -38,6 +38,8 @@ class UpdateRecord:
     base_global_batch: int = 0  # N * B, what the learning rate refers to
     rank_memory: list | None = None  # at a rebalance: every rank's memory in use (bytes; None = unknown)
     rebalance_note: str | None = None  # at a rebalance that probed: what and why (see allocation.balanced)
+    global_tokens: int | None = None  # text: tokens (predictions) in this update's global batch
+    tokens_per_s: float | None = None  # text: global_tokens / weight_update_time
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,6 +63,7 @@ class RankStep:
     micro_batches: int = 1  # forward/backward passes the batch took (memory cap)
     gap: float = 0.0  # s from the previous update's end to this step's start (getting the batch, logging)
     cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
+    tokens: int = 0  # text: tokens (predictions) this rank processed (0 for images)
 
     @property
     def seconds(self) -> float:
@@ -111,10 +114,18 @@ class RunResult:
     compute_balance_of_means: float | None = None  # the same of each rank's mean compute time
     outside_compute_share: float | None = None  # share of update time not in the slowest rank's compute
     cpu_limits_outside: list | None = None  # per rank: the CPU limit set outside bno-hvd (None: none)
+    tokens: int | None = None  # text: tokens (predictions) trained on, over all updates
+    test_perplexity: float | None = None  # text: exp(test_loss) on the held-out split
+    test_loss: float | None = None  # text: mean nats per held-out token
+    test_tokens: int | None = None
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if self.tokens is None else (self.tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0)
 
     def summary(self) -> dict:
         """``result.json``: everything but the per-update lists."""
@@ -122,4 +133,5 @@ class RunResult:
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("records", "rank_steps")
         }
         out["samples_per_s"] = self.samples_per_s
+        out["tokens_per_s"] = self.tokens_per_s
         return out

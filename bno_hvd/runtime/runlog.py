@@ -111,7 +111,7 @@ class Progress:
         self.start = start
         self.events = enabled and environ.get(PROGRESS_ENV) == "events"
         self._t0 = time.perf_counter()
-        self._samples = 0
+        self._samples = self._tokens = 0
         self._last_event = -1.0
         self._display = None
         if self.events:
@@ -124,9 +124,14 @@ class Progress:
         if not self.enabled:
             return
         self._samples += record.global_batch
+        self._tokens += record.global_tokens or 0
         done = record.update + 1
-        rate = self._samples / max(1e-9, time.perf_counter() - self._t0)
-        info = f"{rate:.1f} samples/s, loss {record.loss:.4f}, batch {','.join(map(str, record.batch_sizes))}"
+        elapsed = max(1e-9, time.perf_counter() - self._t0)
+        tokens = f", {self._tokens / elapsed:.0f} tokens/s" if self._tokens else ""  # text
+        info = (
+            f"{self._samples / elapsed:.1f} samples/s{tokens}, loss {record.loss:.4f}, "
+            f"batch {','.join(map(str, record.batch_sizes))}"
+        )
         if self._display is not None:
             self._display.show(done, info)
         elif time.perf_counter() - self._last_event >= 0.1 or done >= self.total:

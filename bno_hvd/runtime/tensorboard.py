@@ -7,6 +7,7 @@ A :class:`~bno_hvd.runtime.hooks.Hook`, built only when the flag is set
 =========================  ==========================================================================
 ``update/loss``            mean loss over the global batch (as ``updates.jsonl``)
 ``update/samples_per_s``   global batch / weight-update time
+``update/tokens_per_s``    text: tokens of the global batch / weight-update time
 ``update/weight_update_s`` one full cycle of the update on rank 0
 ``update/global_batch``    samples in the update
 ``update/lr``              learning rate of the update
@@ -99,6 +100,7 @@ class TensorBoardHook(Hook):
             ("update/weight_update_s", record.weight_update_time),
             ("update/global_batch", record.global_batch),
             ("update/lr", record.lr),
+            *([("update/tokens_per_s", record.tokens_per_s)] if record.tokens_per_s is not None else []),
         ):
             w.add_scalar(tag, value, u)
         for r, b in enumerate(record.batch_sizes):

@@ -46,7 +46,7 @@ class StepStats:
     rank_steps: list | None = None  # at a rebalance, on rank 0: every rank's RankReport.recent_steps
     rebalance_note: str | None = None  # at a rebalance, on rank 0: why it moved, if not to the fit (a probe)
 
-    def rank_step(self, batch: int, micro_batches: int = 1) -> RankStep:
+    def rank_step(self, batch: int, micro_batches: int = 1, tokens: int = 0) -> RankStep:
         return RankStep(
             batch,
             self.compute_seconds,
@@ -56,6 +56,7 @@ class StepStats:
             micro_batches,
             self.gap_seconds,
             self.cpu_sync_seconds,
+            tokens,
         )
 
 

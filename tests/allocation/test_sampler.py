@@ -88,3 +88,21 @@ def test_len_of_an_epoch_counts_the_global_batches_that_start_in_it():
     # a rank's share of an epoch, as DistributedSampler's ceil(N / size) for even batches
     assert epoch_share(4000, [32, 32, 32, 32], 1) == 1000 and epoch_share(4001, [1, 1, 1], 0) == 1334
     assert epoch_share(4000, [83, 81, 82, 10], 3) == 157  # ceil(4000 * 10 / 256)
+
+
+def test_with_lengths_a_rank_gets_the_same_samples_shortest_first_and_the_tokens_add_up():
+    lengths = np.array([5, 1, 9, 3, 3, 7, 2, 8, 6, 4, 1, 2, 9])
+    plain = UnevenSampler(len(lengths), seed=4)
+    sized = UnevenSampler(len(lengths), seed=4, lengths=lengths)
+    sizes = [3, 5, 2, 4]
+    start = sized.position.advanced(7, len(lengths))  # a global batch that crosses the epoch's end
+    totals = []
+    for rank in range(4):
+        idx, epochs = sized.slice_at(start, sizes, rank)
+        ref, ref_epochs = plain.slice_at(start, sizes, rank)
+        assert sorted(zip(idx, epochs)) == sorted(zip(ref, ref_epochs))
+        assert list(lengths[idx]) == sorted(lengths[ref])
+        total, mine = sized.tokens_at(start, sizes, rank)
+        assert mine == lengths[idx].sum()
+        totals.append((total, mine))
+    assert len({t for t, _ in totals}) == 1 and sum(m for _, m in totals) == totals[0][0]

@@ -25,6 +25,11 @@ def test_api_example_is_the_tested_file():
     assert len(example.strip().splitlines()) <= 40  # setup, a DataLoader and the loop
 
 
+def test_text_example_is_the_tested_file():
+    example = open(os.path.join(ROOT, "examples", "text_loop.py")).read()
+    assert example in README.split("<!-- text-example:start -->")[1].split("<!-- text-example:end -->")[0]
+
+
 def test_ci_calls_readme_test_command():
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert "launch/test" in ci and "launch/test" in README and "launch/run" in README

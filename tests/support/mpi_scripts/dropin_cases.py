@@ -24,6 +24,12 @@ from bno_hvd.allocation.sampler import UnevenSampler
 N, B, SEED = 50, 4, 3
 
 
+def say(line: str) -> None:
+    """One write per line: mpirun's rank tags cannot land between a line and its newline."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def data():
     i = torch.arange(N, dtype=torch.float64)
     x = torch.stack([torch.sin(i), torch.cos(3 * i), i / N], 1)
@@ -144,11 +150,11 @@ def main(case):
         for op_name, passes in (("average", 1), ("sum", 1), ("average", 2)):
             found = run_grads(op_name, passes, dataset)
             failures += found
-            print(f"rank {hvd.rank()}: op={op_name} passes={passes}: {'ok' if not found else found}", flush=True)
+            say(f"rank {hvd.rank()}: op={op_name} passes={passes}: {'ok' if not found else found}")
         for name, check in (("batches+lr", run_batches_and_lr), ("adasum-even", run_adasum_on_even_batches)):
             found = check(dataset)
             failures += found
-            print(f"rank {hvd.rank()}: {name}: {'ok' if not found else found}", flush=True)
+            say(f"rank {hvd.rank()}: {name}: {'ok' if not found else found}")
         sys.exit(1 if failures else 0)
     bal = bno.Balancer.for_world(dataset, B, "balanced", seed=SEED)
     if case == "note":  # for_world's note on shared cores, then a normal end

@@ -18,20 +18,11 @@ import click
 from bno_hvd.cli import allocate, bench, console, docs, experiment, hostfile, train
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.common.parsing import clip
-from bno_hvd.runtime.world import launched_rank
+from bno_hvd.runtime.world import exit_with_error, launched_rank
 
 
 def fail(message: str, code: int = 2, *, only_this_rank: int | None = None):
-    if only_this_rank is not None:
-        click.echo(f"bno-hvd: error: rank {only_this_rank}: {message}", err=True)
-        sys.stderr.flush()
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-            mpi.COMM_WORLD.Abort(code)  # the others may be waiting for this rank in a collective
-        sys.exit(code)
-    if launched_rank() == 0:
-        click.echo(f"bno-hvd: error: {message}", err=True)
-    sys.exit(code)
+    exit_with_error(message, code, only_this_rank=only_this_rank)
 
 
 class Group(click.Group):

@@ -9,6 +9,7 @@ import gc
 import os
 from dataclasses import dataclass, field
 
+from bno_hvd.allocation import split_spec
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.common.errors import TrainingError
 from bno_hvd.lab.averages import merge_experiment
@@ -50,7 +51,7 @@ def run_config(base, name: str, out_dir: str | None, **changes):
     """The config of strategy ``name``'s run in a bench."""
     return base.replace(
         strategy=name,
-        batch_sizes=base.batch_sizes if name.split(":")[0] == "fixed" else None,
+        batch_sizes=base.batch_sizes if split_spec(name)[0] == "fixed" else None,
         measure_allreduce=True,  # the floor of the time outside compute, under this run's profile
         log_dir=os.path.join(out_dir, "runs", name) if out_dir else None,
         tensorboard=os.path.join(base.tensorboard, name) if base.tensorboard else None,

@@ -235,7 +235,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         "label": prepared.plugin.label,
         "allocation_lag": balancer.plan.lag,
         "notes": world.notes,
-        "collectives": getattr(world, "collectives", None),  # what --collectives auto resolved to
+        "collectives": world.collectives,  # what --collectives auto resolved to
         "resumed_from": resumed_from,
         "cpu_limits_outside": outside,
         "allocation_unit": cfg.allocation_unit,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bno_hvd.allocation import check_spec
+from bno_hvd.allocation import check_spec, split_spec
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
 from bno_hvd.data.catalog import SYNTHETIC_SIZE
@@ -113,7 +113,7 @@ class TrainConfig:
 
     def check_world(self, size: int) -> None:
         """Checks that need the number of ranks (same result on every rank)."""
-        if self.strategy.split(":")[0] == "fixed" and self.batch_sizes is None:
+        if split_spec(self.strategy)[0] == "fixed" and self.batch_sizes is None:
             raise UsageError("--strategy fixed needs --batch-sizes, one per rank, e.g. --batch-sizes 5,11,3,13")
         if self.batch_sizes is not None and len(self.batch_sizes) != size:
             raise UsageError(

@@ -37,7 +37,7 @@ from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even,
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.runtime.balancer import Balancer
 from bno_hvd.runtime.mpienv import arrange_for_shared_cores
-from bno_hvd.runtime.world import launched_rank
+from bno_hvd.runtime.world import exit_with_error
 
 __all__ = ["DataLoader", "DistributedOptimizer", "one_line_errors", "world_balancer"]
 
@@ -255,14 +255,7 @@ def one_line_errors() -> None:
     def hook(kind, err, traceback):
         if not isinstance(err, (UsageError, TrainingError)):
             return previous(kind, err, traceback)
-        if err.rank is not None:
-            print(f"bno-hvd: error: rank {err.rank}: {err}", file=sys.stderr, flush=True)
-            mpi = sys.modules.get("mpi4py.MPI")
-            if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-                mpi.COMM_WORLD.Abort(err.exit_code)
-        elif launched_rank() == 0:
-            print(f"bno-hvd: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(err.exit_code)
+        exit_with_error(str(err), err.exit_code, only_this_rank=err.rank)
 
     hook.bno_hvd = True
     sys.excepthook = hook

@@ -33,6 +33,29 @@ def launched_rank(environ=os.environ) -> int:
     return rank or 0
 
 
+def exit_with_error(message: str, code: int, *, only_this_rank: int | None = None):
+    """End this process with one ``bno-hvd: error:`` line on stderr and exit ``code``.
+
+    An error every rank agrees on is printed by rank 0 alone; one that only this rank found
+    (``only_this_rank``) is printed by it with its rank, and the MPI job is aborted so that no
+    other rank waits for it in a collective. Used by the CLI and by a user's script (the drop-in)."""
+    if only_this_rank is not None:
+        _say(f"bno-hvd: error: rank {only_this_rank}: {message}")
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+            mpi.COMM_WORLD.Abort(code)  # the others may be waiting for this rank in a collective
+        sys.exit(code)
+    if launched_rank() == 0:
+        _say(f"bno-hvd: error: {message}")
+    sys.exit(code)
+
+
+def _say(line: str) -> None:
+    """One write per line: under mpirun a rank's tag cannot land between the line and its newline."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 @dataclass
 class World:
     hvd: object  # the horovod.torch module

@@ -191,6 +191,8 @@ def test_rate_limit_on_one_host_raises_its_cross_host_latency(cluster, tmp_path)
         f"inside host 1: {local_before * 1e3:.2f} -> {local_after * 1e3:.2f} ms"
     )
     floor = 2 * PROBE_BYTES * 8 / 50e6  # seconds the payload needs at the rate, both ways
+    # Margins from the physical floor of the limited link, not ratios: on a busy machine a
+    # descheduled rank inflates the unlimited round trips as well.
     assert cross_after > 0.5 * floor
-    assert cross_after > 5 * cross_before
-    assert local_after < cross_after / 5  # the limit is on the link, not on the host
+    assert cross_after - cross_before > 0.5 * floor
+    assert local_after < cross_after - 0.5 * floor  # the limit is on the link, not on the host

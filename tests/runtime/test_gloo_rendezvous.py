@@ -22,7 +22,7 @@ def listening(port: int) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2, installed by launch/setup)")
 def test_the_rendezvous_store_listens_on_loopback_and_closes_after_start_up(tmp_path):
-    cmd = bno_cmd("train", "--updates", "400", "--no-eval", "--no-progress", "--collectives", "gloo")
+    cmd = bno_cmd("train", "--updates", "100", "--no-eval", "--no-progress", "--collectives", "gloo")
     cmd += ["--dataset", "synthetic", "--log-dir", str(tmp_path)]
     proc = subprocess.Popen(
         mpirun_command(4, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT

@@ -45,7 +45,10 @@ def test_allocation_change_text():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tb")
+    # 'random' draws a new split at every rebalance whatever the machine's speed, so the allocation
+    # texts are checked on moves that happen also on a busy machine (balanced moves only when it pays)
     args = "--dataset synthetic --updates 30 --base-batch-size 8 --rebalance-every 4 --emulate-speed 1,1,1,0.5 "
+    args += "--strategy random "
     args += f"--emulate-rate 400 --latency-interval 1 --no-eval --no-progress --log-dir {root / 'log'} "
     args += f"--tensorboard {root / 'tb'}"
     assert_ok(horovodrun(4, bno_cmd("train", *args.split()), timeout=400))
@@ -100,11 +103,11 @@ def test_allocation_changes_and_label_as_text(run):
         if r["batch_sizes"] != before:
             expected.append((r["update"], allocation_change(r["update"], before, r["batch_sizes"])))
             before = r["batch_sizes"]
-    assert len(expected) >= 2, "the slow rank should have moved the allocation at least once"
+    assert len(expected) >= 3, "random draws a new split at every rebalance (7 in 30 updates)"
     assert texts(acc, "allocation") == expected
     assert texts(acc, "heterogeneity") == [(0, "EMULATED heterogeneity: speeds 1,1,1,0.5, 400 samples/s at speed 1")]
     (step, run_text) = texts(acc, "run")[0]
-    assert step == 0 and json.loads(run_text)["strategy"] == "balanced" and json.loads(run_text)["ranks"] == 4
+    assert step == 0 and json.loads(run_text)["strategy"] == "random" and json.loads(run_text)["ranks"] == 4
 
 
 def test_a_killed_run_leaves_readable_events(tmp_path):

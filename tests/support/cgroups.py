@@ -26,7 +26,7 @@ def our_cgroups():
     return sorted(n for n in os.listdir(place.parent) if n.startswith("bno-hvd-"))
 
 
-def wait_until_gone(before, seconds=15):
+def wait_until_gone(before, seconds=60):
     deadline = time.time() + seconds
     while time.time() < deadline and our_cgroups() != before:
         time.sleep(0.2)

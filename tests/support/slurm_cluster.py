@@ -107,6 +107,7 @@ class SlurmCluster:
         self.munge_socket = os.path.join(self.workdir, "munge", "munge.socket")
         self.name = f"bno{os.getpid() % 100000}"
         self.procs: dict[str, subprocess.Popen] = {}  # daemon name -> its process
+        self.job_seconds: list[float] = []  # wall seconds of every job that ended with exit 0
 
     # --- environment and commands ----------------------------------------------------
     def env(self, extra: dict | None = None) -> dict:
@@ -264,6 +265,7 @@ class SlurmCluster:
         file is ``<workdir>/out/job-<id>.out``."""
         out = os.path.join(self.workdir, "out", "job-%j.out")
         cmd = ["sbatch", "--wait", "--parsable", f"--output={out}", *args]
+        started = time.monotonic()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env(env), cwd=cwd)
         except subprocess.TimeoutExpired as err:
@@ -275,6 +277,8 @@ class SlurmCluster:
         if not match:
             raise SlurmError(f"`{' '.join(cmd)}` submitted no job (exit {proc.returncode}): {proc.stderr.strip()}")
         job_id = int(match.group(1))
+        if proc.returncode == 0:
+            self.job_seconds.append(time.monotonic() - started)
         with open(out.replace("%j", str(job_id)), errors="replace") as fh:
             output = fh.read()
         return Job(job_id, proc.returncode, output, proc.stderr)

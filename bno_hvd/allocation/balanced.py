@@ -42,7 +42,13 @@ origin fit makes a rank held small look slower per sample than it is. A rank far
 share that has sat at one size for ``probe_every`` rebalances (default 3; 0 disables), and that
 the fits want larger by less than the noise threshold, gets half the way there for one interval
 (:meth:`_probe`); the shape of the fit it then gets (fixed cost in samples) is kept and splits
-its later single-size times (:meth:`_fit`).
+its later single-size times (:meth:`_fit`). A rank whose CPU limit rose (or stopped binding: a
+neighbour left) loses its fit at once and gets a typical rank's share until it is measured again.
+
+Pooling. Ranks whose predicted times at the mean share differ by less than ``pool_sigmas``
+standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean
+(:func:`~bno_hvd.allocation.fitting.pool_indistinguishable`): ranks with the same limit get the
+same share instead of a split of their fits' noise that the deadband would then freeze.
 
 Latency. A rank on a slow link receives its allreduce data later, so it should finish compute
 earlier. We add to ``a_i`` the rank's mean measured round trip to the other ranks minus the
@@ -72,7 +78,14 @@ from statistics import NormalDist
 
 import numpy as np
 
-from bno_hvd.allocation.fitting import fit_affine, fit_noise, passes, solve_equal_finish, step_time
+from bno_hvd.allocation.fitting import (
+    fit_affine,
+    fit_noise,
+    passes,
+    pool_indistinguishable,
+    solve_equal_finish,
+    step_time,
+)
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import (
     complete_rows,
@@ -112,6 +125,7 @@ class BalancedStrategy(Strategy):
         "arrival_window": 64,
         "throttle_weight": 1.0,
         "probe_every": 3,  # rebalances a small rank may sit at one batch size before a probe; 0: never
+        "pool_sigmas": None,  # None: noise_sigmas; ranks whose fits differ by less share one; 0: never
     }
     JUMP = 1.5
 
@@ -126,6 +140,11 @@ class BalancedStrategy(Strategy):
         else:
             _check_range("noise_sigmas", o["noise_sigmas"], 0.0, math.inf, "0 disables")
             self.sigmas = float(o["noise_sigmas"])
+        if o["pool_sigmas"] is None:
+            self.pool_sigmas = self.sigmas
+        else:
+            _check_range("pool_sigmas", o["pool_sigmas"], 0.0, math.inf, "0 disables")
+            self.pool_sigmas = float(o["pool_sigmas"])
         _check_range("arrival_weight", o["arrival_weight"], 0.0, math.inf, "0 disables")
         _check_range("throttle_weight", o["throttle_weight"], 0.0, math.inf, "0 disables")
         if isinstance(o["probe_every"], bool) or not isinstance(o["probe_every"], int) or o["probe_every"] < 0:
@@ -147,15 +166,20 @@ class BalancedStrategy(Strategy):
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
         limits = np.array([np.inf if x is None else float(x) for x in metrics.cpu_limit])
-        for i in np.flatnonzero(limit_changed(self.limits, limits)):
+        changed = limit_changed(self.limits, limits)
+        rose = changed & ~(limits < self.limits)  # raised, or no longer binding (a neighbour left)
+        for i in np.flatnonzero(changed & ~rose):
             change = f"from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}"
             self.limit_notes[int(i)] = f"its CPU limit changed {change}"
+        rose_notes = [
+            f"rank {i}'s CPU limit rose from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}"
+            for i in np.flatnonzero(rose)
+        ]
         self.limits = limits
         a_fit, c_fit, noise = self._fit(metrics)
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
         s = float(self.options["smoothing"])
-        self.noise = np.where(new, noise, self.noise)
         # A rank whose fitted cost per sample moved by more than JUMP (x1.5 either way), and by
         # more than its measurement noise, has really changed (a neighbour arrived or left): take
         # the new fit at once instead of smoothing towards it, so the split recovers in one interval.
@@ -166,6 +190,11 @@ class BalancedStrategy(Strategy):
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
         self.c[both] = s * self.c[both] + (1 - s) * c_fit[both]
         self.a[first], self.c[first] = a_fit[first], c_fit[first]
+        self.noise = np.where(new, noise, self.noise)
+        # A rank whose limit rose runs faster than any of its old steps show (a one-size fit at 1
+        # sample cannot tell how much): forget its fit, so it gets a typical rank's share and is
+        # measured there in the next interval (BENCHMARKS.md 14: back within one interval).
+        self.a[rose], self.c[rose], self.shape[rose], self.noise[rose] = np.nan, np.nan, np.nan, 0.0
         known = np.isfinite(self.c)
         if not known.any():
             self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
@@ -191,12 +220,15 @@ class BalancedStrategy(Strategy):
             metrics.sync_cpu, metrics.cpu_limit
         )
         caps = metrics.max_batch
+        a, c, _ = pool_indistinguishable(a, c, self.noise, self.global_batch / self.n_ranks, self.pool_sigmas)
         target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
         sizes = round_to_total(target, self.global_batch, 1)
         model = (a, c, caps, offsets)
         self.last_probe = None
-        if not self._within_deadband(sizes, current, model):
+        if rose_notes or not self._within_deadband(sizes, current, model):
             self.still[:] = 0
+            if rose_notes:
+                self.last_note = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
             return sizes
         return self._probe(metrics, list(current), sizes)
 

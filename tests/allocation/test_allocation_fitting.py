@@ -92,3 +92,18 @@ def test_equal_finish_infeasible_raises():
         solve_equal_finish([0, 0], [1, 0], 10)
     with pytest.raises(UsageError):
         solve_equal_finish([0, 0], [1, 1], 10, [0, 4])
+
+
+def test_pooling_joins_ranks_within_their_noise_and_keeps_real_differences_apart():
+    from bno_hvd.allocation.fitting import pool_indistinguishable
+
+    # three ranks 10% apart with 10% noise: one fit; a rank 3x slower stays apart
+    a, c, groups = pool_indistinguishable([0.0] * 4, [1.0, 1.1, 0.95, 3.0], [0.1] * 4, 32, 2.24)
+    assert groups == [[2, 0, 1]] and c.tolist() == pytest.approx([3.05 / 3] * 3 + [3.0])
+    # the same ranks measured precisely (1% noise): nothing to pool
+    assert pool_indistinguishable([0.0] * 4, [1.0, 1.1, 0.95, 3.0], [0.01] * 4, 32, 2.24)[2] == []
+    # affine fits are compared at the mean share; pooled ranks get the mean fixed cost too
+    a, c, groups = pool_indistinguishable([2.0, 0.0], [1.0, 1.0625], [0.05, 0.05], 32, 2.24)
+    assert sorted(groups[0]) == [0, 1] and a.tolist() == [1.0, 1.0] and c.tolist() == pytest.approx([1.03125] * 2)
+    # 0 sigmas: never
+    assert pool_indistinguishable([0.0] * 2, [1.0, 1.0001], [0.5, 0.5], 32, 0.0)[2] == []

@@ -126,6 +126,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     """``bench --suite real``: the driver, outside MPI (lab/profiles.py)."""
     from bno_hvd.cli.launching import mpirun_command
     from bno_hvd.lab import profiles as suite
+    from bno_hvd.lab import suitetable
     from bno_hvd.runtime.world import launched_rank
 
     ctx = click.get_current_context()
@@ -139,7 +140,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     values = {"updates": ctx.params["updates"], "warmup": warmup, "rounds": rounds}
     values = {k: (values[k] if k in given else v) for k, v in SUITE_DEFAULTS.items()}
     names = (
-        list(suite.STRATEGIES)
+        list(suitetable.STRATEGIES)
         if ctx.get_parameter_source("strategies") == click.core.ParameterSource.DEFAULT
         else parse_strategies(strategies)
     )
@@ -153,7 +154,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     rows = suite.run_suite(
         chosen, out_dir, values["rounds"], values["updates"], values["warmup"], names, mpirun_command, echo
     )
-    click.echo(suite.suite_markdown(rows), nl=False)
+    click.echo(suitetable.suite_markdown(rows), nl=False)
     click.echo(f"wrote {out_dir}/suite.json, suite.md and one directory per profile")
     if any("error" in r for r in rows):
         raise SystemExit(1)

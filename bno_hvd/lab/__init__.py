@@ -9,6 +9,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.heterogeneity` - what makes a run's ranks differ, and its EMULATED / REAL label
 - :mod:`.faults` - injected faults for the reliability tests
 - :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
+- :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)

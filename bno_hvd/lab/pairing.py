@@ -61,12 +61,13 @@ def median_interval(values: list[float], seed: int = 0, level: float = 0.95) -> 
 def comparison(rates: dict[str, list[float]], baseline: str, seed: int = 0) -> dict[str, dict]:
     """Per strategy: its per-round rates, paired ratios to ``baseline``, their median and interval,
     and ``vs_best_peer``: ``[median, low, high]`` of its ratio to the best *other* strategy of each
-    round (below 1: some other strategy was faster). Unknown values are None."""
+    round (below 1: some other strategy was faster). A strategy's own variants (``balanced`` and
+    ``balanced:deadband=0`` in an ablation) are not each other's peers. Unknown values are None."""
     ratios = paired_ratios(rates, baseline)
     out = {}
     for name, values in rates.items():
         median, low, high = median_interval(ratios[name], seed)
-        peers = [p for p in rates if p != name]
+        peers = [p for p in rates if p.split(":")[0] != name.split(":")[0]]
         best = [max(rates[p][r] for p in peers) for r in range(len(values))] if peers else []
         vs_best = [v / b for v, b in zip(values, best) if b > 0 and math.isfinite(v)]
         out[name] = {

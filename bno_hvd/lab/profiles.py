@@ -19,7 +19,6 @@ Results are labelled per profile: ``REAL`` (cgroup quotas, competing processes) 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -30,11 +29,11 @@ from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.common.atomic import write_json_atomic, write_text_atomic
 from bno_hvd.lab.confine import CGROUPS, CPUS
 from bno_hvd.lab.cpuquota import CpuQuotaGroup, find_place, start_reaper
+from bno_hvd.lab.suitetable import suite_markdown
 from bno_hvd.runtime.mpienv import mpi_env
 
 RANKS = 4
 GLOBAL_BATCH = 128  # 4 x the default base batch of 32
-STRATEGIES = ("equal", "balanced", "lbbsp", "proportional", "paramhub", "bno", "fixed")
 
 
 @dataclass(frozen=True)
@@ -259,6 +258,7 @@ def profile_row(profile: Profile, bench: list[dict]) -> dict:
             "vs_best_other": paired.get("vs_best_peer", [None, None, None]),
             "of_ideal": row.get("fraction_of_ideal"),
             "samples_per_s": row.get("samples_per_s"),
+            "rates": paired.get("rates"),  # per round, for ratios between any two strategies
             "final_batch_sizes": row.get("final_batch_sizes"),
         }
     return {
@@ -267,60 +267,3 @@ def profile_row(profile: Profile, bench: list[dict]) -> dict:
         "hand_split": hand_split(profile),
         "strategies": strategies,
     }
-
-
-def geometric_mean(values) -> float:
-    good = [v for v in values if v is not None and v > 0]
-    return math.exp(sum(math.log(v) for v in good) / len(good)) if good else math.nan
-
-
-def suite_markdown(rows: list[dict], strategy: str = "balanced") -> str:
-    """The suite's table: per profile, every strategy's median paired ratio to equal [95% interval]
-    and of ideal; and ``strategy`` over the best other strategy of each round."""
-    names = sorted(
-        {n for r in rows for n in r.get("strategies", {})}, key=lambda n: STRATEGIES.index(n) if n in STRATEGIES else 99
-    )
-    head = ["profile"] + [f"{n} x equal" for n in names if n != "equal"] + [f"{strategy} / best other"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['profile']} | " + r["error"] + " |")
-            continue
-        cells = [f"{r['profile']} ({r['label'].split(':')[0]})"]
-        for n in names:
-            if n == "equal":
-                continue
-            s = r["strategies"].get(n)
-            cells.append("-" if s is None else f"{_interval(s['vs_equal'])}, {_pct(s['of_ideal'])} of ideal")
-        own = r["strategies"].get(strategy)
-        cells.append("-" if own is None else _interval(own["vs_best_other"]))
-        lines.append("| " + " | ".join(cells) + " |")
-    ratios = [r["strategies"][strategy]["vs_best_other"][0] for r in rows if strategy in r.get("strategies", {})]
-    lows = [r["strategies"][strategy]["vs_best_other"][1] for r in rows if strategy in r.get("strategies", {})]
-    lines.append("")
-    lines.append(
-        f"{strategy} / best other: geometric mean of the medians {geometric_mean(ratios):.3f} over {len(ratios)} "
-        f"profiles; lowest interval end {min((v for v in lows if v is not None), default=math.nan):.3f}"
-    )
-    lines.append("")
-    lines.append(
-        "Labels: REAL = CPU quotas or competing processes on this machine; EMULATED = ranks wait as if slower."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def _order(name: str) -> int:
-    return STRATEGIES.index(name) if name in STRATEGIES else len(STRATEGIES)
-
-
-def _interval(v) -> str:
-    median, low, high = (list(v) + [None, None, None])[:3]
-    if median is None:
-        return "-"
-    if low is None:
-        return f"{median:.2f}"
-    return f"{median:.2f} [{low:.2f}, {high:.2f}]"
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{x:.0%}"

@@ -1,0 +1,53 @@
+"""The suite's tables from profile rows: balanced against its peers (never its own variants), and
+the ablation table of balanced's variants, paired per round."""
+
+import numpy as np
+import pytest
+
+from bno_hvd.lab.pairing import comparison
+from bno_hvd.lab.suitetable import ablation_markdown, geometric_mean, suite_markdown
+
+
+def row(name, rates):
+    table = comparison(rates, "equal")
+    strategies = {
+        n: {
+            "vs_equal": [t["median"], t["low"], t["high"]],
+            "vs_best_other": t["vs_best_peer"],
+            "of_ideal": 0.5,
+            "rates": t["rates"],
+        }
+        for n, t in table.items()
+    }
+    return {"profile": name, "label": "REAL: x", "strategies": strategies}
+
+
+RATES = {
+    "equal": [100.0, 110.0, 90.0, 100.0],
+    "balanced": [200.0, 210.0, 190.0, 205.0],
+    "lbbsp": [180.0, 190.0, 200.0, 190.0],
+    "balanced:pool_sigmas=0": [240.0, 250.0, 230.0, 245.0],  # faster: not balanced's peer
+    "balanced:deadband=0": [100.0, 105.0, 95.0, 102.5],  # half of balanced in every round
+}
+
+
+def test_a_strategys_own_variants_are_not_its_peers():
+    table = comparison(RATES, "equal")
+    # balanced against lbbsp only, round by round: 200/180, 210/190, 190/200, 205/190
+    expected = float(np.median([200 / 180, 210 / 190, 190 / 200, 205 / 190]))
+    assert table["balanced"]["vs_best_peer"][0] == pytest.approx(expected)
+    # lbbsp's peers include the variants (the fastest of every round)
+    assert table["lbbsp"]["vs_best_peer"][0] < 0.8
+
+
+def test_suite_table_keeps_variants_out_and_the_ablation_table_pairs_them_with_balanced():
+    text = suite_markdown([row("p1", RATES), row("p2", RATES)])
+    head = text.splitlines()[0]
+    assert "balanced x equal" in head and "lbbsp x equal" in head and "pool_sigmas" not in head
+    ablation = ablation_markdown([row("p1", RATES)])
+    assert "balanced:deadband=0 / balanced" in ablation and "balanced:pool_sigmas=0 / balanced" in ablation
+    line = next(x for x in ablation.splitlines() if x.startswith("| p1 |"))
+    assert "0.50 [0.50, 0.50]" in line  # deadband=0: half of balanced in every round
+    assert "geometric mean |" in ablation and ablation_markdown([row("p1", RATES), row("p2", RATES)]) in text
+    assert ablation_markdown([row("p1", {k: v for k, v in RATES.items() if ":" not in k})]) == ""
+    assert geometric_mean([1.0, 4.0, None]) == pytest.approx(2.0)

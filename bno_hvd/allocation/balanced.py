@@ -48,7 +48,7 @@ neighbour left) loses its fit at once and gets a typical rank's share until it i
 Pooling. Ranks whose predicted times at the mean share differ by less than ``pool_sigmas``
 standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean
 (:func:`~bno_hvd.allocation.fitting.pool_indistinguishable`): ranks with the same limit get the
-same share instead of a split of their fits' noise that the deadband would then freeze.
+same share: a split the deadband keeps is evened out within each group (:func:`even_out`).
 
 Latency. A rank on a slow link receives its allreduce data later, so it should finish compute
 earlier. We add to ``a_i`` the rank's mean measured round trip to the other ranks minus the
@@ -95,7 +95,7 @@ from bno_hvd.allocation.offsets import (
     penalties_from_rows,
     throttle_offsets,
 )
-from bno_hvd.allocation.rounding import round_to_total
+from bno_hvd.allocation.rounding import even_out, round_to_total
 from bno_hvd.allocation.strategy import Strategy
 from bno_hvd.common.errors import UsageError
 
@@ -220,7 +220,7 @@ class BalancedStrategy(Strategy):
             metrics.sync_cpu, metrics.cpu_limit
         )
         caps = metrics.max_batch
-        a, c, _ = pool_indistinguishable(a, c, self.noise, self.global_batch / self.n_ranks, self.pool_sigmas)
+        a, c, pooled = pool_indistinguishable(a, c, self.noise, self.global_batch / self.n_ranks, self.pool_sigmas)
         target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
         sizes = round_to_total(target, self.global_batch, 1)
         model = (a, c, caps, offsets)
@@ -230,7 +230,8 @@ class BalancedStrategy(Strategy):
             if rose_notes:
                 self.last_note = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
             return sizes
-        return self._probe(metrics, list(current), sizes)
+        kept = self._probe(metrics, list(current), sizes)
+        return even_out(kept, pooled) if kept == list(current) else kept
 
     def _probe(self, metrics: ClusterMetrics, current: list[int], proposed: list[int]) -> list[int]:
         """``current``, or a probe: more samples for a small rank that has sat at one batch size.

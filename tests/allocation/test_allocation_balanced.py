@@ -69,7 +69,9 @@ def test_deadband_keeps_current_for_small_predicted_gain():
     # c = [.01, .01, .01, .03]: current [31, 30, 29, 10] takes max(.31, .30, .29, .30) = .31 s;
     # the proposal [30, 30, 30, 10] takes .30 s: a 3.2% gain, inside a 5% deadband.
     current = [31, 30, 29, 10]
-    assert strategy(deadband=0.05).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == current
+    assert strategy(deadband=0.05, pool_sigmas=0).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == current
+    # pooled (the three equal ranks share one fit), the kept split is evened out within the group
+    assert strategy(deadband=0.05).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == [30, 30, 30, 10]
     assert strategy(deadband=0.03).rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == [30, 30, 30, 10]
     assert strategy().rebalance(metrics([100, 100, 100, 100 / 3]), current, 1) == [30, 30, 30, 10]
 

@@ -108,7 +108,8 @@ def test_heterogeneous_job_is_one_mpi_world(cluster, tmp_path):
     # Both "nodes" are this machine: Open MPI's shared-memory transport names its segments by
     # hostname and local rank, which the two components share, so use TCP between them (on
     # real nodes, which have their own /dev/shm, leave it alone).
-    env = dict(JOB_ENV, OMPI_MCA_btl="tcp,self")
+    # The TCP BTL on the loopback interface only: both components are on this host.
+    env = dict(JOB_ENV, OMPI_MCA_btl="tcp,self", OMPI_MCA_btl_tcp_if_include="lo")
     # The timeout catches srun's hang (below) early, yet must not cut a job that is only slow on a
     # busy machine: 3x an ordinary 4-rank job of the same run on this cluster, timed now.
     if not cluster.job_seconds:
@@ -123,6 +124,11 @@ def test_heterogeneous_job_is_one_mpi_world(cluster, tmp_path):
         try:
             args = [HETJOB, *SHORT_RUN, "--log-dir", str(log_dir)]
             job = cluster.sbatch(args, cwd=str(tmp_path), env=env, timeout=timeout)
+            if job.exit_code != 0 and "failed to TCP connect to a peer" in job.output and attempt < 2:
+                # Seen once with two busy processes beside the suite: Open MPI 4.1's TCP wire-up
+                # between the components timed out (connect() EINPROGRESS) and a rank crashed in it
+                # (open-mpi/ompi#11508: timeouts of an overloaded host). Retried like the hang below.
+                continue
             break
         except SlurmError as err:
             # Slurm 22.05 here: in about 1 of 6 runs srun --het-group never returns although both

@@ -64,11 +64,9 @@ step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and 
 ``noise_sigmas`` times the fits' relative standard error (``deadband=0`` disables both). Under
 CPU quotas single steps jitter by up to a quota period; the noise term keeps equal ranks from
 trading samples on that jitter (Greyhound's rule: rebalance only when it pays). By default it
-grows with N (:func:`sigmas_for`: 2.24 for 4 ranks), because the predicted gain follows the
-largest of N noisy fits, which noise alone lifts. A
-criterion on predicted time rather than on batch sizes ignores moves that only chase measurement
-noise (on equal ranks, every move predicts ~0 gain), yet reacts at once when a rank really slows
-down.
+grows with N (:func:`sigmas_for`: 2.24 for 4 ranks): the predicted gain follows the largest of
+N noisy fits, which noise alone lifts. A criterion on predicted time ignores moves that only
+chase noise (on equal ranks every move predicts ~0 gain), yet reacts when a rank slows down.
 """
 
 from __future__ import annotations
@@ -83,8 +81,8 @@ from bno_hvd.allocation.fitting import (
     fit_noise,
     passes,
     pool_indistinguishable,
+    predicted_step,
     solve_equal_finish,
-    step_time,
 )
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import (
@@ -220,7 +218,9 @@ class BalancedStrategy(Strategy):
             metrics.sync_cpu, metrics.cpu_limit
         )
         caps = metrics.max_batch
-        a, c, pooled = pool_indistinguishable(a, c, self.noise, self.global_batch / self.n_ranks, self.pool_sigmas)
+        kinds = np.round(np.log(limits), 1)  # ranks whose CPU limits differ are never pooled (inf: none)
+        share = self.global_batch / self.n_ranks
+        a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
         target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
         sizes = round_to_total(target, self.global_batch, 1)
         model = (a, c, caps, offsets)
@@ -231,7 +231,8 @@ class BalancedStrategy(Strategy):
                 self.last_note = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
             return sizes
         kept = self._probe(metrics, list(current), sizes)
-        return even_out(kept, pooled) if kept == list(current) else kept
+        even = even_out(kept, pooled) if kept == list(current) else kept  # never a predicted slowdown:
+        return even if predicted_step(model, even) <= predicted_step(model, kept) else kept
 
     def _probe(self, metrics: ClusterMetrics, current: list[int], proposed: list[int]) -> list[int]:
         """``current``, or a probe: more samples for a small rank that has sat at one batch size.
@@ -310,8 +311,7 @@ class BalancedStrategy(Strategy):
         if deadband == 0 or sum(current) != self.global_batch:
             return False  # (current is not a split of this global batch: never keep it)
         threshold = max(deadband, self.sigmas * float(np.sqrt(np.mean(self.noise**2))))
-        step_now = float(np.max(step_time(*model[:2], current, *model[2:])))
-        step_new = float(np.max(step_time(*model[:2], sizes, *model[2:])))
+        step_now, step_new = predicted_step(model, current), predicted_step(model, sizes)
         return step_now - step_new <= threshold * step_now
 
     def state_dict(self) -> dict:

@@ -100,6 +100,11 @@ def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
     return np.asarray(a) * passes(b, caps) + np.asarray(c) * b + (0.0 if offsets is None else np.asarray(offsets))
 
 
+def predicted_step(model, sizes) -> float:
+    """A split's predicted step: its slowest rank's time under ``model = (a, c, caps, offsets)``."""
+    return float(np.max(step_time(*model[:2], sizes, *model[2:])))
+
+
 def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[float]:
     """Real batch sizes ``b_i >= 1`` summing to ``total`` whose ranks finish together.
 
@@ -187,7 +192,9 @@ def _largest_batch(a: np.ndarray, c: np.ndarray, cap: np.ndarray, t: np.ndarray)
     return np.maximum(out, 0.0)
 
 
-def pool_indistinguishable(a, c, noise, b: float, sigmas: float) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+def pool_indistinguishable(
+    a, c, noise, b: float, sigmas: float, kinds=None
+) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
     """Ranks whose fits the measurements cannot tell apart share one fit: their mean ``(a, c)``.
 
     Each rank's predicted time at ``b`` samples (the mean share) is compared, in order, with the
@@ -196,7 +203,10 @@ def pool_indistinguishable(a, c, noise, b: float, sigmas: float) -> tuple[np.nda
     root mean square of its members' over the square root of its size). Ranks with the same limit
     then get the same share instead of splitting on their fits' noise, which the deadband would
     freeze (seen: 33,43,51 on three ranks at 0.45 of a core); ranks that really differ stay apart.
-    ``sigmas = 0`` pools nothing. Returns the new ``a``, ``c`` and the groups of more than one rank.
+    ``sigmas = 0`` pools nothing. ``kinds`` (one value per rank, e.g. its CPU limit) keeps ranks
+    known to differ apart: only ranks of one kind are pooled (a rank at 0.17 of a core held at a
+    few samples can look like one at 0.5 within the noise of a one-size fit). Returns the new
+    ``a``, ``c`` and the groups of more than one rank.
 
     Usage::
 
@@ -209,7 +219,18 @@ def pool_indistinguishable(a, c, noise, b: float, sigmas: float) -> tuple[np.nda
     if sigmas <= 0 or a.size < 2:
         return a, c, []
     t = a + c * float(b)
-    order = [int(i) for i in np.argsort(t)]
+    kinds = [0] * a.size if kinds is None else list(kinds)
+    groups: list[list[int]] = []
+    for kind in dict.fromkeys(kinds):
+        groups += _pool_kind(t, noise, [i for i in range(a.size) if kinds[i] == kind], sigmas)
+    pooled = [g for g in groups if len(g) > 1]
+    for g in pooled:
+        a[g], c[g] = a[g].mean(), c[g].mean()
+    return a, c, pooled
+
+
+def _pool_kind(t: np.ndarray, noise: np.ndarray, ranks: list[int], sigmas: float) -> list[list[int]]:
+    order = sorted(ranks, key=lambda i: t[i])
     groups = [[order[0]]]
     for i in order[1:]:
         group = groups[-1]
@@ -219,7 +240,4 @@ def pool_indistinguishable(a, c, noise, b: float, sigmas: float) -> tuple[np.nda
             group.append(i)
         else:
             groups.append([i])
-    pooled = [g for g in groups if len(g) > 1]
-    for g in pooled:
-        a[g], c[g] = a[g].mean(), c[g].mean()
-    return a, c, pooled
+    return groups

@@ -107,3 +107,13 @@ def test_pooling_joins_ranks_within_their_noise_and_keeps_real_differences_apart
     assert sorted(groups[0]) == [0, 1] and a.tolist() == [1.0, 1.0] and c.tolist() == pytest.approx([1.03125] * 2)
     # 0 sigmas: never
     assert pool_indistinguishable([0.0] * 2, [1.0, 1.0001], [0.5, 0.5], 32, 0.0)[2] == []
+
+
+def test_ranks_of_different_kinds_are_never_pooled():
+    from bno_hvd.allocation.fitting import pool_indistinguishable
+
+    # within each other's noise, but one is known to run under another CPU limit
+    c = [1.0, 1.05, 1.02, 1.1]
+    assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24)[2] == [[0, 2, 1, 3]]
+    kinds = [-0.7, -0.7, -1.8, -1.8]  # log of limits 0.5, 0.5, 0.17, 0.17
+    assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24, kinds)[2] == [[0, 1], [2, 3]]

@@ -95,6 +95,16 @@ def test_ranks_with_the_same_limit_get_the_same_share():
     assert max(control[-1][:3]) > 1.1 * min(control[-1][:3])  # the same noise, frozen
 
 
+def test_two_limits_pool_each_level_and_never_across():
+    # 0.5,0.5,0.17,0.17 with 40% jitter: each pair shares one fit, and a throttled rank is never
+    # evened with a fast one (seen in a suite run before limits kept them apart: 57,32,32,7)
+    two = dict(STARVED, fixed=[0.5 * MS] * 2 + [1.5 * MS] * 2, per_sample=[0.35 * MS] * 2 + [1.05 * MS] * 2)
+    history = run(
+        make_strategy("balanced", 4, 32), [32] * 4, 12, **dict(two, limits=[0.5, 0.5, 0.17, 0.17], jitter=[0.4] * 4)
+    )[0]
+    assert all(max(h[:2]) - min(h[:2]) <= 1 and max(h[2:]) <= 8 for h in history[1:])
+
+
 # After the neighbour leaves, rank 3 is as fast as the others, but it sits at 6 samples: at one
 # size the origin fit charges its fixed cost per sample (1.5 ms / 6 samples looks like 0.6 ms
 # per sample against the others' 0.39 at 40).

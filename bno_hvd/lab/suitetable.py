@@ -68,7 +68,7 @@ def ablation_markdown(rows: list[dict], strategy: str = "balanced") -> str:
         if "error" in r or strategy not in r.get("strategies", {}):
             continue
         base = r["strategies"][strategy].get("rates") or []
-        cells = [r["profile"]]
+        cells = [f"{r['profile']} ({r['label'].split(':')[0]})"]
         for v in variants:
             rates = (r["strategies"].get(v) or {}).get("rates") or []
             paired = [x / b for x, b in zip(rates, base) if x is not None and b]

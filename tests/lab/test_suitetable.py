@@ -46,7 +46,7 @@ def test_suite_table_keeps_variants_out_and_the_ablation_table_pairs_them_with_b
     assert "balanced x equal" in head and "lbbsp x equal" in head and "pool_sigmas" not in head
     ablation = ablation_markdown([row("p1", RATES)])
     assert "balanced:deadband=0 / balanced" in ablation and "balanced:pool_sigmas=0 / balanced" in ablation
-    line = next(x for x in ablation.splitlines() if x.startswith("| p1 |"))
+    line = next(x for x in ablation.splitlines() if x.startswith("| p1 (REAL) |"))  # labelled REAL / EMULATED
     assert "0.50 [0.50, 0.50]" in line  # deadband=0: half of balanced in every round
     assert "geometric mean |" in ablation and ablation_markdown([row("p1", RATES), row("p2", RATES)]) in text
     assert ablation_markdown([row("p1", {k: v for k, v in RATES.items() if ":" not in k})]) == ""

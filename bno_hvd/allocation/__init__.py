@@ -62,7 +62,7 @@ def make_strategy(
 
     ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
     strategy's own knobs (e.g. ``smoothing``/``deadband`` for ``balanced``); ``name`` may carry
-    them too, as a spec ``balanced:deadband=0.1:probe_every=0`` (:func:`split_spec`).
+    them too, as a spec ``balanced:deadband=0.1:sit_out=0`` (:func:`split_spec`).
     """
     name, spec_options = split_spec(name)
     options = {**spec_options, **options}
@@ -78,7 +78,7 @@ def make_strategy(
 
 
 def split_spec(spec: str) -> tuple[str, dict]:
-    """``"balanced:deadband=0.1:probe_every=0"`` -> ``("balanced", {"deadband": 0.1, "probe_every": 0})``.
+    """``"balanced:deadband=0.1:sit_out=0"`` -> ``("balanced", {"deadband": 0.1, "sit_out": 0})``.
 
     A strategy with some of its options set, as ``--strategy`` and bench's ``--strategies`` take it
     (a bench can so compare ``balanced`` with ``balanced:throttle_weight=0``, an ablation). Values

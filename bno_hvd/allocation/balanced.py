@@ -37,13 +37,19 @@ and every rank waits for it. Each rank reports its cgroup's limit and the CPU of
 default 1; 0 disables), so it gets less compute and starts the sync early enough (BENCHMARKS.md
 9.9: ~20% faster updates than the split that equalises compute). Unthrottled ranks get nothing.
 
-Probes. At one batch size a rank's fixed cost and cost per sample cannot be told apart, and the
-origin fit makes a rank held small look slower per sample than it is. A rank far below the mean
-share that has sat at one size for ``probe_every`` rebalances (default 3; 0 disables), and that
-the fits want larger by less than the noise threshold, gets half the way there for one interval
-(:meth:`_probe`); the shape of the fit it then gets (fixed cost in samples) is kept and splits
-its later single-size times (:meth:`_fit`). A rank whose CPU limit rose (or stopped binding: a
+A rank's fit at one batch size splits its time by the shape (fixed cost in samples) its last
+fit over two sizes had (:meth:`_fit`). A rank whose CPU limit rose (or stopped binding: a
 neighbour left) loses its fit at once and gets a typical rank's share until it is measured again.
+(Probes, which gave a small rank more samples to measure it, were removed: no profile of the
+REAL suite was slower without them, two were faster; BENCHMARKS.md 14.)
+
+Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.runtime.sitout`),
+the rank that is slowest at the split (never rank 0) gets 0 samples when the others alone, with
+its samples, are predicted to finish an update sooner by more than the deadband's threshold: its
+part of the allreduce (the throttle charge, the arrival penalty) and its one sample cost more
+than they add. It then takes no part in the allreduce. It comes back when its CPU limit rises,
+when the model predicts its return pays, and after ``sit_out`` rebalances (default 4; 0: never
+sits out), to be measured again. One rank sits out at a time.
 
 Pooling. Ranks whose predicted times at the mean share differ by less than ``pool_sigmas``
 standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean
@@ -83,6 +89,8 @@ from bno_hvd.allocation.fitting import (
     pool_indistinguishable,
     predicted_step,
     solve_equal_finish,
+    split_without,
+    step_time,
 )
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import (
@@ -122,7 +130,7 @@ class BalancedStrategy(Strategy):
         "noise_sigmas": None,  # None: sigmas_for(n_ranks), 2.24 for 4 ranks
         "arrival_window": 64,
         "throttle_weight": 1.0,
-        "probe_every": 3,  # rebalances a small rank may sit at one batch size before a probe; 0: never
+        "sit_out": 4,  # rebalances a rank that costs more than it adds stays out; 0: never sits out
         "pool_sigmas": None,  # None: noise_sigmas; ranks whose fits differ by less share one; 0: never
     }
     JUMP = 1.5
@@ -145,8 +153,8 @@ class BalancedStrategy(Strategy):
             self.pool_sigmas = float(o["pool_sigmas"])
         _check_range("arrival_weight", o["arrival_weight"], 0.0, math.inf, "0 disables")
         _check_range("throttle_weight", o["throttle_weight"], 0.0, math.inf, "0 disables")
-        if isinstance(o["probe_every"], bool) or not isinstance(o["probe_every"], int) or o["probe_every"] < 0:
-            raise UsageError(f"balanced probe_every must be an integer >= 0 (0 disables), got {o['probe_every']!r}")
+        if isinstance(o["sit_out"], bool) or not isinstance(o["sit_out"], int) or o["sit_out"] < 0:
+            raise UsageError(f"balanced sit_out must be an integer >= 0 (0: never), got {o['sit_out']!r}")
         for key in ("window", "arrival_window"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not 1 <= o[key] <= 10**6:
                 raise UsageError(f"balanced {key} must be an integer in [1, 1000000], got {o[key]!r}")
@@ -155,20 +163,14 @@ class BalancedStrategy(Strategy):
         self.noise = np.zeros(self.n_ranks)  # relative standard error of each rank's last fit
         self.penalty = np.zeros(self.n_ranks)  # s a rank adds to the allreduce when it arrives last
         self.sync_rows: dict[int, list[float]] = {}  # update -> every rank's sync seconds (recent updates)
-        self.still = np.zeros(self.n_ranks, dtype=int)  # rebalances each rank has sat at one batch size
         self.shape = np.full(self.n_ranks, np.nan)  # a_i / c_i of each rank's last resolved fit (samples)
-        self.last_probe: int | None = None  # the rank the last probe gave more samples (for logs and tests)
         self.limits = np.full(self.n_ranks, np.nan)  # each rank's CPU limit at the last rebalance; inf = none
-        self.limit_notes: dict[int, str] = {}  # ranks whose limit changed since they last sat at one size
+        self.out_for = 0  # rebalances the rank that sits out has been out
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
         limits = np.array([np.inf if x is None else float(x) for x in metrics.cpu_limit])
-        changed = limit_changed(self.limits, limits)
-        rose = changed & ~(limits < self.limits)  # raised, or no longer binding (a neighbour left)
-        for i in np.flatnonzero(changed & ~rose):
-            change = f"from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}"
-            self.limit_notes[int(i)] = f"its CPU limit changed {change}"
+        rose = limit_changed(self.limits, limits) & ~(limits < self.limits)  # raised, or no longer binding
         rose_notes = [
             f"rank {i}'s CPU limit rose from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}"
             for i in np.flatnonzero(rose)
@@ -221,61 +223,56 @@ class BalancedStrategy(Strategy):
         kinds = np.round(np.log(limits), 1)  # ranks whose CPU limits differ are never pooled (inf: none)
         share = self.global_batch / self.n_ranks
         a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
-        target = solve_equal_finish(a, c, self.global_batch, caps, offsets)
-        sizes = round_to_total(target, self.global_batch, 1)
         model = (a, c, caps, offsets)
-        self.last_probe = None
-        if rose_notes or not self._within_deadband(sizes, current, model):
-            self.still[:] = 0
-            if rose_notes:
-                self.last_note = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
+        sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
+        sizes, moved = self._sit_out(model, sizes, current, known)
+        if rose_notes or moved or not self._within_deadband(sizes, current, model):
+            notes = ([moved] if moved else []) + rose_notes[:1] * (not moved)
+            if rose_notes and not moved:
+                notes[0] += ": its old fit is dropped (a typical share until measured)"
+            self.last_note = "; ".join(notes) or None
             return sizes
-        kept = self._probe(metrics, list(current), sizes)
-        even = even_out(kept, pooled) if kept == list(current) else kept  # never a predicted slowdown:
+        kept = list(current)
+        groups = [[i for i in g if kept[i] > 0] for g in pooled]  # never one that sits out
+        even = even_out(kept, groups)  # never a predicted slowdown:
         return even if predicted_step(model, even) <= predicted_step(model, kept) else kept
 
-    def _probe(self, metrics: ClusterMetrics, current: list[int], proposed: list[int]) -> list[int]:
-        """``current``, or a probe: more samples for a small rank that has sat at one batch size.
+    def _sit_out(self, model, sizes: list[int], current: list[int], known) -> tuple[list[int], str | None]:
+        """``sizes``, or a split in which one rank sits out (0 samples), and what moved (None: nothing).
 
-        At one batch size a rank's fixed cost and its cost per sample cannot be told apart, and
-        the fit through the origin charges all of it per sample: a rank held small looks slower
-        per sample than it is, and the split never tests otherwise (seen: a rank kept at 6 of 128
-        samples after its neighbour left, BENCHMARKS.md 9.3). So when the split the fits propose
-        gives such a rank more samples, but too few to beat the noise threshold, and the rank
-        has sat at one size for ``probe_every`` rebalances below half the mean share, it gets
-        half the way to the proposal (at least one sample, taken from the largest ranks) for
-        one interval: the next fit sees two sizes. A rank the fits want smaller (a throttled one,
-        rightly held small) and ranks near the mean share (equal ranks) are never probed."""
-        window = self.options["window"]
-        one_size = np.array([len({b for b, _ in list(s)[-window:]}) == 1 for s in metrics.compute_samples])
-        self.still = np.where(one_size, self.still + 1, 0)
-        every = int(self.options["probe_every"])
-        # A rank whose CPU limit changed (a neighbour left or arrived) runs at a new speed, which its
-        # one-size fit cannot resolve: it may be probed as soon as it sits at one size, instead of
-        # after `every` rebalances there.
-        changed = np.array([i in self.limit_notes for i in range(self.n_ranks)]) & one_size
-        self.still = np.where(changed, np.maximum(self.still, every), self.still)
-        notes = {i: self.limit_notes.pop(i) for i in np.flatnonzero(changed).tolist()}
-        now, wanted = np.array(current), np.array(proposed)
-        small = (self.still >= every) & (now < 0.5 * self.global_batch / self.n_ranks) & (wanted > now)
-        if every == 0 or sum(current) != self.global_batch or not small.any():
-            return current
-        rank = int(np.flatnonzero(small)[np.argmin(now[small])])
-        sizes = list(current)
-        for _ in range(max(1, math.ceil((wanted[rank] - now[rank]) / 2))):
-            donor = int(np.argmax([b if i != rank else -1 for i, b in enumerate(sizes)]))
-            if sizes[donor] <= 1:
-                break
-            sizes[donor] -= 1
-            sizes[rank] += 1
-        why = notes.get(rank, f"one batch size for {self.still[rank]} rebalances")
-        self.last_note = (
-            f"probe: rank {rank} from {current[rank]} to {sizes[rank]} samples "
-            f"({why}; the fits propose {proposed[rank]})"
+        The rank slowest at ``sizes`` (never rank 0) sits out when the split of the global batch
+        over the others is predicted to be faster by more than the deadband's threshold: its own
+        time at its share (at least one sample, its throttled sync and arrival included in the
+        offsets) is then the whole step's. A rank that sits out stays out unless its fit is gone
+        (its CPU limit rose), its return is predicted to pay, or it has been out for ``sit_out``
+        rebalances: then it is measured again at its share."""
+        every = int(self.options["sit_out"])
+        if not self.sit_out_ok or every == 0 or self.n_ranks < 2:
+            return sizes, None
+        was = [i for i, b in enumerate(current) if b == 0]
+        threshold = self._threshold()
+        if was:
+            r = was[0]
+            self.out_for += 1
+            without = split_without(model, r, self.global_batch)
+            if not known[r]:
+                return sizes, f"rank {r} is back: its CPU limit rose"
+            if self.out_for > every:
+                return sizes, f"rank {r} is back after {every} rebalance{'s' * (every > 1)} out, to be measured again"
+            if predicted_step(model, sizes) < (1 - threshold) * predicted_step(model, without):
+                return sizes, f"rank {r} is back: the model predicts its return pays"
+            return without, None
+        times = step_time(*model[:2], sizes, *model[2:])
+        r = 1 + int(np.argmax(times[1:]))
+        without = split_without(model, r, self.global_batch)
+        step_with, step_without = predicted_step(model, sizes), predicted_step(model, without)
+        if step_without >= (1 - threshold) * step_with:
+            return sizes, None
+        self.out_for = 0
+        return without, (
+            f"rank {r} sits out: an update is predicted to take {1e3 * step_without:.0f} ms without it, "
+            f"{1e3 * step_with:.0f} ms with it at {sizes[r]} sample(s)"
         )
-        self.still[rank] = 0
-        self.last_probe = rank
-        return sizes
 
     def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.options["window"]
@@ -307,12 +304,15 @@ class BalancedStrategy(Strategy):
     def _within_deadband(self, sizes: list[int], current: list[int], model) -> bool:
         """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step,
         or less than ``noise_sigmas`` times the fits' noise: a move must pay, not chase noise."""
-        deadband = float(self.options["deadband"])
-        if deadband == 0 or sum(current) != self.global_batch:
+        if float(self.options["deadband"]) == 0 or sum(current) != self.global_batch:
             return False  # (current is not a split of this global batch: never keep it)
-        threshold = max(deadband, self.sigmas * float(np.sqrt(np.mean(self.noise**2))))
+        threshold = self._threshold()
         step_now, step_new = predicted_step(model, current), predicted_step(model, sizes)
         return step_now - step_new <= threshold * step_now
+
+    def _threshold(self) -> float:
+        """The predicted gain a move must exceed: ``deadband``, or the fits' noise if larger."""
+        return max(float(self.options["deadband"]), self.sigmas * float(np.sqrt(np.mean(self.noise**2))))
 
     def state_dict(self) -> dict:
         def enc(x):
@@ -325,10 +325,9 @@ class BalancedStrategy(Strategy):
             "c": enc(self.c),
             "penalty": enc(self.penalty),
             "sync_rows": rows,
-            "still": [int(x) for x in self.still],
+            "out_for": int(self.out_for),
             "shape": enc(self.shape),
             "limits": [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits],
-            "limit_notes": {str(i): note for i, note in self.limit_notes.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -337,11 +336,10 @@ class BalancedStrategy(Strategy):
         self.c = np.array([np.nan if v is None else float(v) for v in state["c"]])
         self.penalty = np.array([0.0 if v is None else float(v) for v in state.get("penalty", [0.0] * self.n_ranks)])
         self.sync_rows = {int(u): [float(x) for x in row] for u, row in state.get("sync_rows", [])}
-        self.still = np.array(state.get("still", [0] * self.n_ranks), dtype=int)
+        self.out_for = int(state.get("out_for", 0))
         self.shape = np.array([np.nan if v is None else float(v) for v in state.get("shape", [None] * self.n_ranks)])
         limits = state.get("limits", [None] * self.n_ranks)
         self.limits = np.array([np.nan if v is None else (np.inf if v == "none" else float(v)) for v in limits])
-        self.limit_notes = {int(i): str(note) for i, note in state.get("limit_notes", {}).items()}
 
 
 def _check_range(name: str, value, low: float, high: float, meaning: str) -> None:

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.common.errors import UsageError
 
 
@@ -101,8 +102,22 @@ def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
 
 
 def predicted_step(model, sizes) -> float:
-    """A split's predicted step: its slowest rank's time under ``model = (a, c, caps, offsets)``."""
-    return float(np.max(step_time(*model[:2], sizes, *model[2:])))
+    """A split's predicted step: its slowest rank's time under ``model = (a, c, caps, offsets)``
+    (a rank with 0 samples sits the update out: it takes no time)."""
+    times = step_time(*model[:2], sizes, *model[2:])
+    return float(np.max(times[np.asarray(sizes) > 0]))
+
+
+def split_without(model, r: int, total: int) -> list[int]:
+    """``total`` samples split over every rank but ``r`` (which gets 0) so that they finish
+    together under ``model = (a, c, caps, offsets)``."""
+    a, c, caps, offsets = model
+    keep = np.arange(len(a)) != r
+    cap = None if caps is None else [x for x, k in zip(caps, keep) if k]
+    part = solve_equal_finish(np.asarray(a)[keep], np.asarray(c)[keep], total, cap, np.asarray(offsets)[keep])
+    sizes = np.zeros(len(a), dtype=int)
+    sizes[keep] = round_to_total(part, total, 1)
+    return [int(b) for b in sizes]
 
 
 def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[float]:

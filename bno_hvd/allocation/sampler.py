@@ -128,8 +128,8 @@ class UnevenSampler:
 
     def slice_at(self, start: Position, batch_sizes: list[int], rank: int) -> tuple[np.ndarray, np.ndarray]:
         """``rank``'s indices (and their epochs) in the global batch that starts at ``start``."""
-        if any(int(b) < 1 for b in batch_sizes):
-            raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+        if any(int(b) < 0 for b in batch_sizes) or sum(int(b) for b in batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be >= 0 with a positive sum, got {list(batch_sizes)}")
         if self.work is not None:
             idx, epochs = self._sorted_batch(start, batch_sizes)
             lo, hi = rank_range(split_by_shares(self.work[idx], batch_sizes), batch_sizes, rank)

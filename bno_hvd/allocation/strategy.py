@@ -35,6 +35,7 @@ class Strategy:
 
     name: str = "base"
     OPTIONS: dict[str, Any] = {}
+    sit_out_ok = False  # the runtime lets a rank but 0 sit an update out (0 samples); set by the Balancer
 
     def __init__(
         self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None, seed: int = 0, **options
@@ -96,8 +97,9 @@ class Strategy:
         self.last_note = None
         if metrics.n != self.n_ranks:
             raise UsageError(f"metrics describe {metrics.n} ranks but the strategy has {self.n_ranks}")
-        if len(current) != self.n_ranks or any(int(b) < 1 for b in current):
-            raise UsageError(f"current allocation {list(current)} must be {self.n_ranks} ints >= 1")
+        if not valid_sizes(current, self.n_ranks, self.sit_out_ok):
+            low = "0 (rank 0: 1)" if self.sit_out_ok else "1"
+            raise UsageError(f"current allocation {list(current)} must be {self.n_ranks} ints >= {low}")
 
     def _warn(self, message: str) -> None:
         self.last_warning = message
@@ -108,6 +110,15 @@ class Strategy:
         sizes = round_to_total(weights, self.global_batch, 1)
         assert sum(sizes) == self.global_batch
         return sizes
+
+
+def valid_sizes(sizes, n_ranks: int, sit_out_ok: bool = False) -> bool:
+    """``n_ranks`` batch sizes of at least 1; with ``sit_out_ok`` ranks but 0 may have 0, one at a time
+    (a rank that sits out leaves the allreduce to the process set of every other rank)."""
+    sizes = [int(b) for b in sizes]
+    if len(sizes) != n_ranks or sizes[0] < 1 or any(b < 0 for b in sizes):
+        return False
+    return sizes.count(0) <= (1 if sit_out_ok else 0)
 
 
 def _check_int(what: str, value, minimum: int, hint: str = "", maximum: int | None = None) -> None:

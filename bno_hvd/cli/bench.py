@@ -161,7 +161,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
 
 
 def parse_strategies(text: str) -> list[str]:
-    """``--strategies``: names or specs (``balanced:probe_every=0``), each checked in one line."""
+    """``--strategies``: names or specs (``balanced:sit_out=0``), each checked in one line."""
     specs = [s.strip() for s in str(text).split(",") if s.strip()]
     if not specs:
         raise UsageError(f"--strategies {text!r}: empty list; choose from {','.join(STRATEGY_NAMES)}")

@@ -73,7 +73,10 @@ class DeviceEmulator:
         return max(0.0, self.target_seconds(batch_size, update) - predicted)
 
     def record_real(self, batch_size: int, real_seconds: float, update: int) -> None:
-        """Feed the real compute time of a step (excluding the wait)."""
+        """Feed the real compute time of a step (excluding the wait); a step without samples (a
+        rank that sat it out) says nothing about the time per sample."""
+        if batch_size <= 0:
+            return
         per_sample = real_seconds / max(1e-9, batch_size)
         self.real_per_sample = (
             per_sample if self.real_per_sample is None else 0.8 * self.real_per_sample + 0.2 * per_sample

@@ -117,6 +117,13 @@ PROFILES = (
         schedule=((0, (0.45, 0.45, 0.45, 0.45)), (40, (0.45, 0.45, 0.45, 0.12)), (80, (0.45, 0.45, 0.45, 0.45))),
     ),
     Profile(
+        "quota-tiny-lifted",
+        "REAL",
+        "--cpu-quota-schedule (set by bno-hvd): 0.45,0.45,0.45,0.06; rank 3 at 0.45 from update 60",
+        (0.45, 0.45, 0.45, 0.06 * 0.6 + 0.45 * 0.4),
+        schedule=((0, (0.45, 0.45, 0.45, 0.06)), (60, (0.45, 0.45, 0.45, 0.45))),
+    ),
+    Profile(
         "emulated-3-levels",
         "EMULATED",
         "speeds 1,0.6,0.6,0.3 (three levels)",

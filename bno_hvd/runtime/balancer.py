@@ -61,7 +61,9 @@ class Balancer(SamplerFace):
     (:mod:`bno_hvd.allocation.partition`); ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
-    queued work before the end of compute is timed.
+    queued work before the end of compute is timed; ``sit_out``: the strategy may give a rank
+    other than 0 no samples, for a loop that then leaves it out of the allreduce, as bno-hvd's
+    own does (:mod:`bno_hvd.runtime.sitout`; a user's loop would compute on an empty batch).
 
     Its parts, each in its own module: the clock (:class:`~bno_hvd.runtime.timing.StepTimer`),
     the CPU limit (:class:`~bno_hvd.runtime.cpulimit.BindingLimit`), the control plane and the
@@ -91,10 +93,14 @@ class Balancer(SamplerFace):
         shares: bool = False,
         global_count: int | None = None,
         global_tokens: int | None = None,
+        sit_out: bool = False,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
         keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/runtime/heap.py)
+        # whether a rank may get 0 samples (sit out: the loop must then leave the allreduce to
+        # the others, as bno-hvd's own loop does: bno_hvd/runtime/sitout.py)
+        strategy.sit_out_ok = bool(sit_out)
         self.control = Controller(comm, strategy, lag)
         self.rank, self.size = self.control.rank, self.control.size
         self.strategy = strategy
@@ -119,6 +125,7 @@ class Balancer(SamplerFace):
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self._step: Step | None = None
         self._computed = False  # end_compute() came for the open step
+        self._sat_out = False  # this rank had no samples in its last update
 
     # -- what the loop asks ---------------------------------------------------------------
 
@@ -178,6 +185,9 @@ class Balancer(SamplerFace):
             indices, size = mine, len(mine)
         else:
             indices, size = None, self._check(batch, update, sizes)
+        if size > 0 and self._sat_out:
+            self.timer.forget()  # back after sitting out: what it measured before is old
+        self._sat_out = size == 0
         self.timer.start()
         keys = () if batch is None else batch.keys
         step = Step(update, sizes, rank_weight(sizes, self.rank), size, indices, self.max_batch, keys)
@@ -228,7 +238,7 @@ class Balancer(SamplerFace):
     def end_step(self) -> StepStats:
         """Mark the end of the optimizer step; rebalances (collectively) every K updates."""
         step = self._require_step()
-        stats = self.timer.end(step.update, step.batch_sizes)
+        stats = self.timer.end(step.update, step.batch_sizes, sat_out=step.size == 0)
         self.sampler.advance(step.global_batch)
         self.plan.finish_update()
         self._step, self._computed = None, False

@@ -96,9 +96,11 @@ class LossSum:
         value = loss_sum.value()
     """
 
-    def __init__(self, hvd, weighted_loss):
+    def __init__(self, hvd, weighted_loss, process_set=None):
         self.hvd = hvd
-        self.handle = hvd.allreduce_async(weighted_loss.detach().reshape(1).double(), op=hvd.Sum, name="bno.loss")
+        where = {} if process_set is None else {"process_set": process_set}  # the gradients' ranks
+        value = weighted_loss.detach().reshape(1).double()
+        self.handle = hvd.allreduce_async(value, op=hvd.Sum, name="bno.loss", **where)
 
     def value(self) -> float:
         return float(self.hvd.synchronize(self.handle).item())

@@ -195,6 +195,9 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             report_filter=hooks.report,
             sync=prepared.device.synchronize,
             max_tokens=cfg.token_cap_of(world.rank),
+            # images: a rank may sit an update out (the loop leaves it out of the allreduce); not
+            # yet for text, whose batches are split by tokens or work
+            sit_out=getattr(world, "sit_out_sets", None) is not None and not split,
             **split,
         )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a

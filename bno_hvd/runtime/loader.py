@@ -45,6 +45,8 @@ from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import show_path
 
+EMPTY = -1  # the sample index of the one key of an empty batch (a rank that sits an update out)
+
 # DataLoader arguments that decide batching and order: those belong to the balancer.
 OWNED = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
@@ -92,7 +94,9 @@ class UnevenBatchSampler:
         while position.epoch == epoch:
             sizes = self.plan.sizes(update)  # LagError if not decided yet: never a mismatch
             idx, epochs = self.sampler.slice_at(position, sizes, self.rank)
-            yield [(update, int(e), int(i)) for e, i in zip(epochs, idx)]
+            # a rank that sits this update out: one key that says so (a DataLoader fetches nothing
+            # for an empty list of keys, and the loop still needs the update's Batch)
+            yield [(update, int(e), int(i)) for e, i in zip(epochs, idx)] or [(update, EMPTY, EMPTY)]
             position = position.advanced(self.sampler.batch_count(position, sizes), self.sampler.dataset_len)
             update += 1
 
@@ -125,6 +129,8 @@ class KeyedDataset(Dataset):
 
     def __getitems__(self, keys) -> _Fetched:
         update = keys[0][0]
+        if keys[0][2] == EMPTY:
+            return _Fetched(update, 0, collated=(), keys=())
         sample_keys = tuple((int(k[1]), int(k[2])) for k in keys)
         try:
             if self.fast_tensors:  # an in-memory dataset: one gather per tensor, no per-sample calls
@@ -221,6 +227,8 @@ class CollateToBatch:
     def __call__(self, fetched: _Fetched) -> Batch:
         if fetched.error is not None:
             return Batch(fetched.update, fetched.size, error=fetched.error)
+        if fetched.size == 0:
+            return Batch(fetched.update, 0, None)
         if fetched.collated is not None:
             return Batch(fetched.update, fetched.size, fetched.collated, keys=fetched.keys)
         try:

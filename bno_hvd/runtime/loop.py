@@ -22,6 +22,7 @@ from bno_hvd.runtime.collectives import LossSum, allreduce_alone, optimizer_step
 from bno_hvd.runtime.components import Run, build_run, save_model
 from bno_hvd.runtime.records import RunResult, UpdateRecord, steps_to_json
 from bno_hvd.runtime.runstats import where_time_went
+from bno_hvd.runtime.sitout import SitOut
 
 
 def run_training(cfg, world, *, out=sys.stdout, plugin=None) -> RunResult:
@@ -48,6 +49,7 @@ class Training:
         self.cfg, self.world, self.out = cfg, world, out
         self.run = build_run(cfg, world, plugin)
         self.clock, self.records, self.steps, self.evals = Stopwatch(), [], [], []
+        self.sit_out = SitOut(world, self.run.model, self.run.optimizer)
         try:
             self.run.hooks.start(self.run)
             # under the run's quotas
@@ -78,29 +80,34 @@ class Training:
         run, cfg, world = self.run, self.cfg, self.world
         hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
         # -- this rank's step: forward, weighted loss, backward ------------------------
+        if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
+            bal.timer.done()  # that transfer is not part of this step's time
         step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
+        computes = step.size > 0  # a rank with 0 samples sits this update out
         hooks.before_compute(step)
         lr = set_lr(opt, run.lr())
-        opt.zero_grad()
-        set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
         loss = 0.0
-        for inputs, targets, share in run.parts(step, batch.data):  # micro-batches: gradients accumulate
-            with run.device.autocast():
-                part_loss = hooks.loss(run.task.loss(model, inputs, targets), step)
-            run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
-            loss = loss + part_loss.detach() * share
+        if computes:
+            opt.zero_grad()
+            set_passes(opt, step.micro_batches)  # more than one above this rank's memory cap
+            for inputs, targets, share in run.parts(step, batch.data):  # micro-batches: gradients accumulate
+                with run.device.autocast():
+                    part_loss = hooks.loss(run.task.loss(model, inputs, targets), step)
+                run.backward(part_loss * step.weight * share)  # Horovod sums gradients after the last part
+                loss = loss + part_loss.detach() * share
         hooks.after_compute(step)
         bal.end_compute()
 
         # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
-        loss_sum = LossSum(hvd, loss * step.weight)
-        wait_for_allreduce(hvd, opt, [loss_sum.handle])
-        optimizer_step(opt, run.scaler)
+        loss_sum = LossSum(hvd, loss * step.weight, self.sit_out.process_set) if computes else None
+        if computes:
+            wait_for_allreduce(hvd, opt, [loss_sum.handle])
+            optimizer_step(opt, run.scaler)
         stats = bal.end_step()  # every K updates: rebalance via rank 0
 
         # -- measure and log ------------------------------------------------------------
-        global_loss = loss_sum.value()
-        if not math.isfinite(global_loss):
+        global_loss = loss_sum.value() if computes else math.nan  # (rank 0 always computes)
+        if computes and not math.isfinite(global_loss):
             raise TrainingError(
                 f"loss became {global_loss} at update {step.update}; lower --lr "
                 "(the last good checkpoint, if any, is kept)"
@@ -118,8 +125,10 @@ class Training:
 
         # -- evaluate, checkpoint ---------------------------------------------------------
         if cfg.eval_every and run.data.test is not None and bal.update % cfg.eval_every == 0:
+            self.sit_out.catch_up()  # every rank evaluates its part with the current model
             self.evals.append(evaluation_point(run, sum(r.global_batch for r in self.records), self.clock))
         if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
+            self.sit_out.catch_up()  # the finite check runs on every rank's parameters
             save_training_state(cfg, world.control_comm, model, opt, bal)
 
     def suspend(self) -> None:
@@ -135,6 +144,7 @@ class Training:
     def finish(self) -> RunResult:
         """After the last update (collective): results, then everything is closed."""
         try:
+            self.sit_out.catch_up()  # the final score is every rank's, with the final model
             return finish(self.run, self.clock, self.records, self.steps, self.evals, self.out, self.alone)
         finally:
             self.run.close()

@@ -96,11 +96,13 @@ class StepTimer:
         self._t_compute, self._cpu_compute = self._mark
         self._mark = None
         compute = self._t_compute - self._t0
-        self.steps.add(batch, compute + self._gap)
+        if batch > 0:  # an update the rank sat out (no samples) tells nothing of its speed
+            self.steps.add(batch, compute + self._gap)
         return compute
 
-    def end(self, update: int, batch_sizes: list[int]) -> StepStats:
-        """The optimizer step is done: this update's measurements."""
+    def end(self, update: int, batch_sizes: list[int], sat_out: bool = False) -> StepStats:
+        """The optimizer step is done: this update's measurements (``sat_out``: this rank had no
+        samples and took no part in the allreduce; its sync and CPU are not kept for the fits)."""
         now, cpu = time.perf_counter(), time.process_time()
         stats = StepStats(
             update,
@@ -111,10 +113,18 @@ class StepTimer:
             cpu_sync_seconds=cpu - self._cpu_compute,
             gap_seconds=self._gap,
         )
+        if sat_out:
+            return stats
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
         self.cpu_use.append((stats.cpu_seconds, now - self._t0))
         return stats
+
+    def forget(self) -> None:
+        """Drop the recent steps and syncs (a rank back after sitting out runs at a new speed)."""
+        self.steps.clear()
+        self.syncs.clear()
+        self.sync_cpus.clear()
 
     def done(self) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now."""

@@ -66,6 +66,8 @@ class World:
     monitor_comm: object  # mpi4py communicator of the latency monitor
     notes: list[str]  # what start-up arranged, for run.json
     collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi or gloo (auto resolved)
+    # rank r -> Horovod's process set of every rank but r, for a rank that sits out (None: not made)
+    sit_out_sets: dict | None = None
 
     @property
     def master(self) -> bool:
@@ -112,7 +114,8 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
                 f"{os.environ['HOROVOD_GLOO_IFACE']}, rendezvous on {where} until every rank joined); "
                 "the control plane on MPI"
             )
-    hvd.init()
+    sets = sit_out_sets(hvd, comm.Get_size())
+    hvd.init(process_sets=list(sets.values()) if sets else None)
     if collectives == "gloo":
         close_rendezvous(comm)  # the rendezvous store is needed only while the ranks join
     if comm.Get_size() != hvd.size():
@@ -123,7 +126,22 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
     if hvd.rank() == 0:
         for note in notes:  # once per job, where the user sees it (and in every run.json)
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
-    return World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
+    world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
+    world.sit_out_sets = sets
+    return world
+
+
+MAX_SIT_OUT_RANKS = 64  # one Horovod process set (a communicator) per rank that may sit out
+
+
+def sit_out_sets(hvd, size: int) -> dict | None:
+    """Rank r -> the process set of every rank but r, for r >= 1 (rank 0 writes the logs and the
+    checkpoints and never sits out): a rank that costs the cluster more than it adds leaves the
+    gradient allreduce (:mod:`bno_hvd.runtime.sitout`). Horovod's static process sets must be
+    made at ``hvd.init``; None for one rank or more than :data:`MAX_SIT_OUT_RANKS`."""
+    if not 2 <= size <= MAX_SIT_OUT_RANKS:
+        return None
+    return {r: hvd.ProcessSet([i for i in range(size) if i != r]) for r in range(1, size)}
 
 
 def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | None:

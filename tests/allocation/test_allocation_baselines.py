@@ -142,9 +142,9 @@ def test_rebalance_checks_sizes():
 def test_a_strategy_spec_carries_its_options():
     from bno_hvd.allocation import check_spec, make_strategy, split_spec
 
-    assert split_spec("balanced:deadband=0.1:probe_every=0:noise_sigmas=none") == (
+    assert split_spec("balanced:deadband=0.1:sit_out=0:noise_sigmas=none") == (
         "balanced",
-        {"deadband": 0.1, "probe_every": 0, "noise_sigmas": None},
+        {"deadband": 0.1, "sit_out": 0, "noise_sigmas": None},
     )
     assert split_spec("equal") == ("equal", {})
     strategy = make_strategy("balanced:deadband=0.2", 4, 32)

@@ -71,9 +71,15 @@ def test_state_round_trip_resumes_the_same_stream():
         UnevenSampler(40).load_state_dict(s.state_dict())
 
 
-def test_rejects_non_positive_batch():
+def test_rejects_negative_or_empty_batches_and_gives_a_rank_that_sits_out_nothing():
     with pytest.raises(ValueError):
-        UnevenSampler(10).next_indices([3, 0], 0)
+        UnevenSampler(10).next_indices([3, -1], 0)
+    with pytest.raises(ValueError):
+        UnevenSampler(10).next_indices([0, 0], 0)
+    s = UnevenSampler(10, seed=3)
+    assert s.slice_at(s.position, [3, 0, 2], 1)[0].size == 0  # rank 1 sits out: its slice is empty
+    # the others read the same 5 samples as a split over every rank would
+    assert s.slice_at(s.position, [3, 0, 2], 2)[0].tolist() == s.global_batch(5)[3:].tolist()
 
 
 def test_len_of_an_epoch_counts_the_global_batches_that_start_in_it():

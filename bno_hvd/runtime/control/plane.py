@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from bno_hvd.allocation import ClusterMetrics
+from bno_hvd.allocation.strategy import valid_sizes
 
 
 @dataclass
@@ -101,7 +102,7 @@ class ControlPlane:
             memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
             recent = [r.recent_steps for r in reports]
         sizes = self.broadcast(sizes)
-        assert len(sizes) == self.size and all(b >= 1 for b in sizes)
+        assert valid_sizes(sizes, self.size, getattr(strategy, "sit_out_ok", False))
         return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note)
 
 
@@ -116,6 +117,6 @@ def allocate_on_root(strategy, reports: list[RankReport], current: list[int], up
         return list(current), f"allocation failed ({err}); kept the last allocation"
     warning = strategy.last_warning
     sizes = [int(b) for b in sizes]
-    if len(sizes) != len(current) or any(b < 1 for b in sizes):
+    if not valid_sizes(sizes, len(current), getattr(strategy, "sit_out_ok", False)):
         return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"
     return sizes, warning

@@ -39,9 +39,8 @@ default 1; 0 disables), so it gets less compute and starts the sync early enough
 
 A rank's fit at one batch size splits its time by the shape (fixed cost in samples) its last
 fit over two sizes had (:meth:`_fit`). A rank whose CPU limit rose (or stopped binding: a
-neighbour left) loses its fit at once and gets a typical rank's share until it is measured again.
-(Probes, which gave a small rank more samples to measure it, were removed: no profile of the
-REAL suite was slower without them, two were faster; BENCHMARKS.md 14.)
+neighbour left) loses its fit at once and gets a typical rank's share until it is measured again
+(probes, more samples for a small rank to measure it, were removed: BENCHMARKS.md 14).
 
 Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.runtime.sitout`),
 the rank that is slowest at the split (never rank 0) gets 0 samples when the others alone, with
@@ -193,8 +192,11 @@ class BalancedStrategy(Strategy):
         self.noise = np.where(new, noise, self.noise)
         # A rank whose limit rose runs faster than any of its old steps show (a one-size fit at 1
         # sample cannot tell how much): forget its fit, so it gets a typical rank's share and is
-        # measured there in the next interval (BENCHMARKS.md 14: back within one interval).
+        # measured there in the next interval (BENCHMARKS.md 14: back within one interval). Its
+        # arrivals at the allreduce before are as old: they are measured again too.
         self.a[rose], self.c[rose], self.shape[rose], self.noise[rose] = np.nan, np.nan, np.nan, 0.0
+        if rose.any():
+            self.sync_rows, self.penalty[rose] = {}, 0.0
         known = np.isfinite(self.c)
         if not known.any():
             self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
@@ -252,16 +254,16 @@ class BalancedStrategy(Strategy):
         was = [i for i, b in enumerate(current) if b == 0]
         threshold = self._threshold()
         if was:
-            r = was[0]
-            self.out_for += 1
+            r, self.out_for = was[0], self.out_for + 1
             without = split_without(model, r, self.global_batch)
-            if not known[r]:
-                return sizes, f"rank {r} is back: its CPU limit rose"
-            if self.out_for > every:
-                return sizes, f"rank {r} is back after {every} rebalance{'s' * (every > 1)} out, to be measured again"
-            if predicted_step(model, sizes) < (1 - threshold) * predicted_step(model, without):
-                return sizes, f"rank {r} is back: the model predicts its return pays"
-            return without, None
+            pays = predicted_step(model, sizes) < (1 - threshold) * predicted_step(model, without)
+            why = (not known[r], "its CPU limit rose"), (pays, "the model predicts its return pays")
+            why += ((self.out_for > every, f"after {every} rebalance{'s' * (every > 1)} out, to be measured again"),)
+            back = next((text for hit, text in why if hit), None)
+            if back is None:
+                return without, None
+            self.sync_rows, self.penalty[r] = {}, 0.0  # its arrivals are measured again
+            return sizes, f"rank {r} is back: {back}"
         times = step_time(*model[:2], sizes, *model[2:])
         r = 1 + int(np.argmax(times[1:]))
         without = split_without(model, r, self.global_batch)

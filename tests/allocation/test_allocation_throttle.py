@@ -204,7 +204,7 @@ def test_a_rank_that_costs_more_than_it_adds_sits_out_and_is_measured_again():
     # after sit_out = 4 rebalances out it comes back for one interval, is measured, and leaves again
     back = [k for k in range(out[0], len(history)) if history[k][3] > 0]
     assert back and back[0] == out[0] + 5 and history[back[0] + 1][3] == 0, history
-    assert notes[back[0] - 1].startswith("rank 3 is back after 4 rebalances out")
+    assert notes[back[0] - 1].startswith("rank 3 is back: after 4 rebalances out")
     assert all(max(h[:3]) - min(h[:3]) <= 1 for h in history[1:])  # the others split it evenly
 
 

@@ -161,3 +161,13 @@ def test_a_strategy_spec_carries_its_options():
     with pytest.raises(UsageError, match="deadband must be in"):
         check_spec("balanced:deadband=2")
     assert check_spec("fixed") == "fixed" and check_spec("balanced:deadband=0.2") == "balanced:deadband=0.2"
+
+
+def test_only_a_rank_but_0_may_have_no_samples_and_only_where_the_runtime_lets_it():
+    from bno_hvd.allocation.strategy import valid_sizes
+
+    assert valid_sizes([40, 44, 44, 0], 4, sit_out_ok=True)
+    assert not valid_sizes([40, 44, 44, 0], 4)  # a user's loop: every rank computes
+    assert not valid_sizes([0, 44, 44, 40], 4, sit_out_ok=True)  # rank 0 writes logs and checkpoints
+    assert not valid_sizes([64, 64, 0, 0], 4, sit_out_ok=True)  # one at a time (one process set each)
+    assert not valid_sizes([64, 64, -1, 1], 4, sit_out_ok=True) and not valid_sizes([64, 64], 4)

@@ -117,3 +117,16 @@ def test_ranks_of_different_kinds_are_never_pooled():
     assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24)[2] == [[0, 2, 1, 3]]
     kinds = [-0.7, -0.7, -1.8, -1.8]  # log of limits 0.5, 0.5, 0.17, 0.17
     assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24, kinds)[2] == [[0, 1], [2, 3]]
+
+
+def test_a_rank_with_no_samples_takes_no_time_and_the_others_split_the_batch():
+    from bno_hvd.allocation.fitting import predicted_step, split_without
+
+    model = ([0.0, 0.0, 0.0, 0.05], [0.001, 0.001, 0.002, 0.01], None, [0.0, 0.0, 0.0, 0.1])
+    assert predicted_step(model, [40, 40, 20, 0]) == pytest.approx(0.04)  # rank 3 sits out: not its 0.15 s
+    assert predicted_step(model, [40, 40, 20, 1]) == pytest.approx(0.16)
+    sizes = split_without(model, 3, 128)
+    assert sizes[3] == 0 and sum(sizes) == 128 and sizes[0] == sizes[1] and abs(sizes[0] - 2 * sizes[2]) <= 2
+    # memory caps of the others stay with them
+    capped = ([0.01] * 4, [0.001] * 4, [16, 16, 16, 16], [0.0] * 4)
+    assert split_without(capped, 1, 96)[1] == 0 and sum(split_without(capped, 1, 96)) == 96

@@ -229,10 +229,9 @@ class BalancedStrategy(Strategy):
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
         sizes, moved = self._sit_out(model, sizes, current, known)
         if rose_notes or moved or not self._within_deadband(sizes, current, model):
-            notes = ([moved] if moved else []) + rose_notes[:1] * (not moved)
-            if rose_notes and not moved:
-                notes[0] += ": its old fit is dropped (a typical share until measured)"
-            self.last_note = "; ".join(notes) or None
+            if moved or rose_notes:
+                dropped = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
+                self.last_note = moved or dropped
             return sizes
         kept = list(current)
         groups = [[i for i in g if kept[i] > 0] for g in pooled]  # never one that sits out

@@ -25,14 +25,13 @@ The drop-in surface for a Horovod script (no calls inside the loop) is :mod:`bno
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from bno_hvd.allocation.costmodel import SequenceCost, work_per_sequence
 from bno_hvd.allocation.sampler import UnevenSampler
 from bno_hvd.allocation.weighting import rank_weight
 from bno_hvd.common.errors import UsageError, WarningLog
+from bno_hvd.runtime.collectives import sleep_until
 from bno_hvd.runtime.control.controller import Controller
 from bno_hvd.runtime.control.monitor import process_memory_bytes
 from bno_hvd.runtime.control.plane import RankReport
@@ -282,8 +281,9 @@ class Balancer(SamplerFace):
         if self._someone_out:
             # a rank that sat the updates out arrives here long before the others; waiting in MPI's
             # gather it would spin its CPU limit away from Horovod's background thread, whose
-            # every cycle the whole job waits for (measured: the others' sync 66 ms, not ~10)
-            wait_quietly(self.control.plane.comm)
+            # every cycle the whole job waits for (measured: the others' sync 66 ms, not ~10);
+            # a polled barrier sleeps until every rank is here
+            sleep_until([self.control.plane.comm.Ibarrier().Test])
         result = self.control.rebalance(self.report(), self.update)
         for warning in result.warnings:  # rank 0: the strategy's, and what the other ranks sent
             self.warnings.warn(warning)
@@ -333,15 +333,6 @@ class Balancer(SamplerFace):
         if self._step is None:
             raise RuntimeError("call start_step() first")
         return self._step
-
-
-def wait_quietly(comm) -> None:
-    """Collective: return when every rank of ``comm`` is here, sleeping (0.1 ms doubling to 2 ms)
-    instead of spinning as MPI's blocking collectives do."""
-    request, delay = comm.Ibarrier(), 1e-4
-    while not request.Test():
-        time.sleep(delay)
-        delay = min(2e-3, 2 * delay)
 
 
 def _own_row(rank: int, size: int) -> np.ndarray:

@@ -36,9 +36,15 @@ def wait_for_allreduce(hvd, optimizer, extra=()) -> None:
 
 def wait_handles(hvd, handles) -> None:
     """Poll Horovod ``handles`` until all are done, sleeping in between (0.1 ms, doubling to 2 ms)."""
+    sleep_until([lambda h=handle: hvd.poll(h) for handle in handles])
+
+
+def sleep_until(tests) -> None:
+    """Call each of ``tests`` until it returns True, sleeping in between (0.1 ms, doubling to 2 ms):
+    a wait that leaves the CPU to the threads doing the work (MPI's and Horovod's waits spin)."""
     delay = POLL_FIRST
-    for handle in handles:
-        while not hvd.poll(handle):
+    for test in tests:
+        while not test():
             time.sleep(delay)
             delay = min(POLL_MAX, 2 * delay)
 

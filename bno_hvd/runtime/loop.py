@@ -99,15 +99,16 @@ class Training:
         bal.end_compute()
 
         # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
-        loss_sum = LossSum(hvd, loss * step.weight, self.sit_out.process_set) if computes else None
+        loss_sum = None
         if computes:
+            loss_sum = LossSum(hvd, loss * step.weight, self.sit_out.process_set)
             wait_for_allreduce(hvd, opt, [loss_sum.handle])
             optimizer_step(opt, run.scaler)
         stats = bal.end_step()  # every K updates: rebalance via rank 0
 
         # -- measure and log ------------------------------------------------------------
-        global_loss = loss_sum.value() if computes else math.nan  # (rank 0 always computes)
-        if computes and not math.isfinite(global_loss):
+        global_loss = loss_sum.value() if loss_sum else math.nan  # (rank 0 always computes)
+        if loss_sum and not math.isfinite(global_loss):
             raise TrainingError(
                 f"loss became {global_loss} at update {step.update}; lower --lr "
                 "(the last good checkpoint, if any, is kept)"

@@ -25,25 +25,15 @@ class SitOut:
     def __init__(self, world, model, optimizer):
         self.world, self.model, self.optimizer = world, model, optimizer
         self.behind: set[int] = set()  # ranks that sat out since rank 0 last sent them its state
-        self.catch_ups = 0  # state transfers this rank took part in
 
     def begin(self, sizes: list[int]) -> bool:
         """Before an update with these batch sizes (every rank knows them): catch up the ranks
         that compute again, and point the optimizer at the ranks that compute. True when this
         rank sent or received a state."""
-        back = sorted(r for r in self.behind if sizes[r] > 0)
-        moved = self.world.rank in back or (self.world.rank == 0 and bool(back))
-        if back:
-            self.catch_up(back)
-        out = [r for r, b in enumerate(sizes) if b == 0]
+        moved = self.catch_up([r for r in self.behind if sizes[r] > 0])
+        out = [r for r, b in enumerate(sizes) if b == 0]  # at most one, never rank 0 (valid_sizes)
         self.behind.update(out)
-        hvd = self.world.hvd
-        if not out:
-            self.optimizer.process_set = hvd.global_process_set
-        elif self.world.sit_out_sets is None or len(out) > 1 or out[0] == 0:
-            raise RuntimeError(f"batch sizes {sizes}: only one rank but rank 0 may sit out an update")
-        else:
-            self.optimizer.process_set = self.world.sit_out_sets[out[0]]
+        self.optimizer.process_set = self.world.sit_out_sets[out[0]] if out else self.world.hvd.global_process_set
         return moved
 
     @property
@@ -51,17 +41,17 @@ class SitOut:
         """The process set of this update's gradients (for the loss that rides with them)."""
         return self.optimizer.process_set
 
-    def catch_up(self, ranks=None) -> None:
-        """Rank 0 sends its model and optimizer state to ``ranks`` (default: every rank behind)."""
+    def catch_up(self, ranks=None) -> bool:
+        """Rank 0 sends its model and optimizer state to ``ranks`` (default: every rank behind);
+        True when this rank sent or received one."""
         ranks = sorted(self.behind if ranks is None else ranks)
         comm, me = self.world.control_comm, self.world.rank
         for r in ranks:
             if me == 0:
                 comm.send({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, dest=r, tag=TAG)
-                self.catch_ups += 1
             elif me == r:
                 state = comm.recv(source=0, tag=TAG)
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
-                self.catch_ups += 1
         self.behind.difference_update(ranks)
+        return bool(ranks) and (me == 0 or me in ranks)

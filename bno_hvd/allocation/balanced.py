@@ -43,12 +43,11 @@ neighbour left) loses its fit at once and gets a typical rank's share until it i
 (probes, more samples for a small rank to measure it, were removed: BENCHMARKS.md 14).
 
 Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.runtime.sitout`),
-the rank that is slowest at the split (never rank 0) gets 0 samples when the others alone, with
-its samples, are predicted to finish an update sooner by more than the deadband's threshold: its
-part of the allreduce (the throttle charge, the arrival penalty) and its one sample cost more
-than they add. It then takes no part in the allreduce. It comes back when its CPU limit rises,
-when the model predicts its return pays, and after ``sit_out`` rebalances (default 4; 0: never
-sits out), to be measured again. One rank sits out at a time.
+one rank (never rank 0) may get 0 samples and leave the allreduce: when the model predicts the
+others finish sooner without it, or when it gets less than ``starved_share`` (default 0.5) of the
+CPU per second the others get and one interval without it is *measured* faster (a trial). It is
+back when its limit rises, when its return pays, and after ``sit_out`` rebalances (default 4;
+0: never sits out) to be measured again (:mod:`bno_hvd.allocation.sitting`).
 
 Pooling. Ranks whose predicted times at the mean share differ by less than ``pool_sigmas``
 standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean
@@ -63,8 +62,8 @@ A uniform network therefore changes nothing.
 Stability. The fitted ``(a_i, c_i)`` (over the last ``window`` steps, default 16) are smoothed
 across rebalances by an exponential moving average (option ``smoothing`` = weight of the previous
 fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample changes by more than
-1.5x and by more than its measurement noise, which is taken at once - and a deadband (option
-``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
+option ``jump`` (default 1.5x) and by more than its measurement noise, which is taken at once -
+and a deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
 step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
 ``noise_sigmas`` times the fits' relative standard error (``deadband=0`` disables both). Under
 CPU quotas single steps jitter by up to a quota period; the noise term keeps equal ranks from
@@ -88,8 +87,6 @@ from bno_hvd.allocation.fitting import (
     pool_indistinguishable,
     predicted_step,
     solve_equal_finish,
-    split_without,
-    step_time,
 )
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import (
@@ -101,6 +98,7 @@ from bno_hvd.allocation.offsets import (
     throttle_offsets,
 )
 from bno_hvd.allocation.rounding import even_out, round_to_total
+from bno_hvd.allocation.sitting import SitOuts
 from bno_hvd.allocation.strategy import Strategy
 from bno_hvd.common.errors import UsageError
 
@@ -131,8 +129,10 @@ class BalancedStrategy(Strategy):
         "throttle_weight": 1.0,
         "sit_out": 4,  # rebalances a rank that costs more than it adds stays out; 0: never sits out
         "pool_sigmas": None,  # None: noise_sigmas; ranks whose fits differ by less share one; 0: never
+        "starved_share": 0.5,  # a rank with less CPU per second than this of the others' is tried out; 0: never
+        "jump": 1.5,  # a cost per sample that moved by more than this factor is taken at once, not smoothed
+        "arrival_min_count": 3,  # updates a rank must be last (and not last) in before it has a penalty
     }
-    JUMP = 1.5
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -154,7 +154,9 @@ class BalancedStrategy(Strategy):
         _check_range("throttle_weight", o["throttle_weight"], 0.0, math.inf, "0 disables")
         if isinstance(o["sit_out"], bool) or not isinstance(o["sit_out"], int) or o["sit_out"] < 0:
             raise UsageError(f"balanced sit_out must be an integer >= 0 (0: never), got {o['sit_out']!r}")
-        for key in ("window", "arrival_window"):
+        _check_range("starved_share", o["starved_share"], 0.0, 1.0, "of the others' CPU share; 0 disables")
+        _check_range("jump", o["jump"], 1.0, math.inf, "factor; 1 takes every change at once")
+        for key in ("window", "arrival_window", "arrival_min_count"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not 1 <= o[key] <= 10**6:
                 raise UsageError(f"balanced {key} must be an integer in [1, 1000000], got {o[key]!r}")
         self.a = np.full(self.n_ranks, np.nan)  # smoothed fits; NaN = never measured
@@ -164,7 +166,7 @@ class BalancedStrategy(Strategy):
         self.sync_rows: dict[int, list[float]] = {}  # update -> every rank's sync seconds (recent updates)
         self.shape = np.full(self.n_ranks, np.nan)  # a_i / c_i of each rank's last resolved fit (samples)
         self.limits = np.full(self.n_ranks, np.nan)  # each rank's CPU limit at the last rebalance; inf = none
-        self.out_for = 0  # rebalances the rank that sits out has been out
+        self.sitouts = SitOuts(o["sit_out"], o["starved_share"])
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)
@@ -179,12 +181,13 @@ class BalancedStrategy(Strategy):
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
         s = float(self.options["smoothing"])
-        # A rank whose fitted cost per sample moved by more than JUMP (x1.5 either way), and by
+        # A rank whose fitted cost per sample moved by more than `jump` (x1.5 either way), and by
         # more than its measurement noise, has really changed (a neighbour arrived or left): take
         # the new fit at once instead of smoothing towards it, so the split recovers in one interval.
         ratio = np.where(new & had, c_fit / np.where(had, self.c, 1.0), 1.0)
         beyond_noise = np.abs(np.log(ratio)) > 1.5 * self.sigmas * self.noise
-        jumped = new & had & ((ratio > self.JUMP) | (ratio < 1 / self.JUMP)) & beyond_noise
+        jump = float(self.options["jump"])
+        jumped = new & had & ((ratio > jump) | (ratio < 1 / jump)) & beyond_noise
         both, first = new & had & ~jumped, (new & ~had) | jumped
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
         self.c[both] = s * self.c[both] + (1 - s) * c_fit[both]
@@ -214,7 +217,7 @@ class BalancedStrategy(Strategy):
         for update in sorted(self.sync_rows)[: -int(self.options["arrival_window"])]:
             del self.sync_rows[update]
         rows = np.array(list(self.sync_rows.values())).reshape(-1, self.n_ranks)
-        seen = penalties_from_rows(rows, sigmas=self.sigmas)
+        seen = penalties_from_rows(rows, int(self.options["arrival_min_count"]), self.sigmas)
         self.penalty = np.where(np.isfinite(seen), seen, self.penalty)  # never last: keep the estimate
         offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
         offsets = offsets + float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min())
@@ -227,7 +230,13 @@ class BalancedStrategy(Strategy):
         a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
         model = (a, c, caps, offsets)
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
-        sizes, moved = self._sit_out(model, sizes, current, known)
+        moved = None
+        if self.sit_out_ok and int(self.options["sit_out"]) > 0 and self.n_ranks > 1:
+            sizes, moved, back = self.sitouts.decide(
+                model, sizes, current, known, metrics, update, self.global_batch, self._threshold(), self.sigmas
+            )
+            if back is not None:  # its arrivals at the allreduce are measured again
+                self.sync_rows, self.penalty[back] = {}, 0.0
         if rose_notes or moved or not self._within_deadband(sizes, current, model):
             if moved or rose_notes:
                 dropped = "; ".join(rose_notes) + ": its old fit is dropped (a typical share until measured)"
@@ -237,43 +246,6 @@ class BalancedStrategy(Strategy):
         groups = [[i for i in g if kept[i] > 0] for g in pooled]  # never one that sits out
         even = even_out(kept, groups)  # never a predicted slowdown:
         return even if predicted_step(model, even) <= predicted_step(model, kept) else kept
-
-    def _sit_out(self, model, sizes: list[int], current: list[int], known) -> tuple[list[int], str | None]:
-        """``sizes``, or a split in which one rank sits out (0 samples), and what moved (None: nothing).
-
-        The rank slowest at ``sizes`` (never rank 0) sits out when the split of the global batch
-        over the others is predicted to be faster by more than the deadband's threshold: its own
-        time at its share (at least one sample, its throttled sync and arrival included in the
-        offsets) is then the whole step's. A rank that sits out stays out unless its fit is gone
-        (its CPU limit rose), its return is predicted to pay, or it has been out for ``sit_out``
-        rebalances: then it is measured again at its share."""
-        every = int(self.options["sit_out"])
-        if not self.sit_out_ok or every == 0 or self.n_ranks < 2:
-            return sizes, None
-        was = [i for i, b in enumerate(current) if b == 0]
-        threshold = self._threshold()
-        if was:
-            r, self.out_for = was[0], self.out_for + 1
-            without = split_without(model, r, self.global_batch)
-            pays = predicted_step(model, sizes) < (1 - threshold) * predicted_step(model, without)
-            why = (not known[r], "its CPU limit rose"), (pays, "the model predicts its return pays")
-            why += ((self.out_for > every, f"after {every} rebalance{'s' * (every > 1)} out, to be measured again"),)
-            back = next((text for hit, text in why if hit), None)
-            if back is None:
-                return without, None
-            self.sync_rows, self.penalty[r] = {}, 0.0  # its arrivals are measured again
-            return sizes, f"rank {r} is back: {back}"
-        times = step_time(*model[:2], sizes, *model[2:])
-        r = 1 + int(np.argmax(times[1:]))
-        without = split_without(model, r, self.global_batch)
-        step_with, step_without = predicted_step(model, sizes), predicted_step(model, without)
-        if step_without >= (1 - threshold) * step_with:
-            return sizes, None
-        self.out_for = 0
-        return without, (
-            f"rank {r} sits out: an update is predicted to take {1e3 * step_without:.0f} ms without it, "
-            f"{1e3 * step_with:.0f} ms with it at {sizes[r]} sample(s)"
-        )
 
     def _fit(self, metrics: ClusterMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         window = self.options["window"]
@@ -326,7 +298,7 @@ class BalancedStrategy(Strategy):
             "c": enc(self.c),
             "penalty": enc(self.penalty),
             "sync_rows": rows,
-            "out_for": int(self.out_for),
+            "sitouts": self.sitouts.state_dict(),
             "shape": enc(self.shape),
             "limits": [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits],
         }
@@ -337,7 +309,7 @@ class BalancedStrategy(Strategy):
         self.c = np.array([np.nan if v is None else float(v) for v in state["c"]])
         self.penalty = np.array([0.0 if v is None else float(v) for v in state.get("penalty", [0.0] * self.n_ranks)])
         self.sync_rows = {int(u): [float(x) for x in row] for u, row in state.get("sync_rows", [])}
-        self.out_for = int(state.get("out_for", 0))
+        self.sitouts.load_state_dict(state.get("sitouts", {"out_for": state.get("out_for", 0)}))
         self.shape = np.array([np.nan if v is None else float(v) for v in state.get("shape", [None] * self.n_ranks)])
         limits = state.get("limits", [None] * self.n_ranks)
         self.limits = np.array([np.nan if v is None else (np.inf if v == "none" else float(v)) for v in limits])

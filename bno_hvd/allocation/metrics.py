@@ -2,7 +2,8 @@
 
 Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (measured round
 trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples,
-``sync_cpu`` in CPU seconds per update (a rank's sync phase), ``cpu_limit`` in cores.
+``sync_cpu`` in CPU seconds per update (a rank's sync phase), ``cpu_limit`` in cores,
+``cycle_samples`` as ``(update, seconds)`` of whole updates, ``cpu_share`` in cores used.
 
 Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.common.parsing`): ops 0, or 1e-3
 to 1e9 samples/s (a non-zero rate below that is noise, and its reciprocal overflows); memory 0 to
@@ -66,6 +67,8 @@ class ClusterMetrics:
     sync_samples: list = field(default_factory=list)  # per rank [(update, sync seconds), ...]
     sync_cpu: list = field(default_factory=list)  # per rank CPU seconds of one sync phase, None = unknown
     cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
+    cycle_samples: list = field(default_factory=list)  # per rank [(update, seconds of the whole update), ...]
+    cpu_share: list = field(default_factory=list)  # per rank CPU seconds per wall second, None = unknown
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.
@@ -79,6 +82,10 @@ class ClusterMetrics:
             self.sync_cpu = [None] * self.n
         if len(self.cpu_limit) == 0:
             self.cpu_limit = [None] * self.n
+        if len(self.cycle_samples) == 0:
+            self.cycle_samples = [[] for _ in range(self.n)]
+        if len(self.cpu_share) == 0:
+            self.cpu_share = [None] * self.n
 
     @property
     def n(self) -> int:

@@ -273,6 +273,8 @@ class Balancer(SamplerFace):
             sync_samples=list(self.timer.syncs),
             sync_cpu=self.timer.sync_cpu(),
             cpu_limit=self.limit.read(self.timer.cpu_use),
+            cycle_samples=list(self.timer.cycles),
+            cpu_share=self.timer.cpu_share(),
         )
         return self.report_filter(report, self.update) if self.report_filter else report
 

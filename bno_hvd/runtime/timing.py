@@ -72,6 +72,7 @@ class StepTimer:
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
+        self.cycles: deque[tuple[int, float]] = deque(maxlen=window)  # (update, s from the last one's end)
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
@@ -118,6 +119,7 @@ class StepTimer:
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
         self.cpu_use.append((stats.cpu_seconds, now - self._t0))
+        self.cycles.append((update, self._gap + now - self._t0))
         return stats
 
     def forget(self) -> None:
@@ -125,10 +127,17 @@ class StepTimer:
         self.steps.clear()
         self.syncs.clear()
         self.sync_cpus.clear()
+        self.cpu_use.clear()
 
     def done(self) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now."""
         self._last_end = time.perf_counter()
+
+    def cpu_share(self) -> float | None:
+        """CPU seconds per wall second over the recent updates (None before the first): how much
+        of a core this rank gets, whatever limits it (a quota, busy neighbours on its core)."""
+        cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
+        return cpu / wall if wall > 0 else None
 
     def sync_cpu(self) -> float | None:
         """Median CPU seconds of the recent sync phases (None before the first update)."""

@@ -169,10 +169,13 @@ def test_which_limit_changes_count():
 def test_its_state_survives_a_checkpoint():
     strategy = make_strategy("balanced", 4, 32)
     run(strategy, [41, 40, 41, 6], 4, **LEFT)
-    strategy.shape[3], strategy.out_for = 4.3, 2
+    strategy.shape[3], strategy.sitouts.out_for, strategy.sitouts.period = 4.3, 2, 8
+    strategy.sitouts.trial = {"rank": 3, "with": [0.05, 0.01, 9]}
+    strategy.sitouts.next_trial, strategy.sitouts.wait = {2: 7}, {2: 8}
     again = make_strategy("balanced", 4, 32)
     again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
-    assert again.limits.tolist() == [0.5] * 4 and again.out_for == 2
+    assert again.limits.tolist() == [0.5] * 4 and again.sitouts.state_dict() == strategy.sitouts.state_dict()
+    assert again.sitouts.out_for == 2 and again.sitouts.trial["rank"] == 3 and again.sitouts.wait == {2: 8}
     strategy.limits[2] = np.inf
     again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
     assert again.limits[2] == np.inf

@@ -29,6 +29,8 @@ class RankReport:
     sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
     sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
     cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
+    cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
+    cpu_share: float | None = None  # CPU seconds per wall second over its recent updates
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -57,6 +59,8 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         sync_samples=[list(r.sync_samples) for r in reports],
         sync_cpu=[r.sync_cpu for r in reports],
         cpu_limit=[r.cpu_limit for r in reports],
+        cycle_samples=[list(r.cycle_samples) for r in reports],
+        cpu_share=[r.cpu_share for r in reports],
     )
 
 

@@ -1,0 +1,117 @@
+"""Measured sit-out trials of ``balanced`` (bno_hvd.allocation.sitting): a rank whose cost is in
+the allreduce, where the model does not see it, is tried out and kept out only when the updates
+measured without it are faster."""
+
+import re
+
+import numpy as np
+
+from bno_hvd.allocation import ClusterMetrics, make_strategy
+from bno_hvd.allocation.sitting import Measured, measured_step, starved
+
+MS = 1e-3
+ZERO_LAT = [[0.0] * 4 for _ in range(4)]
+
+
+def run(strategy, rebalances, hidden, shares, sizes=None, per_sample=0.5 * MS, every=10, window=20, seed=0):
+    """Rebalance as rank 0 would. Each rank computes ``1 ms + per_sample * b`` (2% jitter); the
+    allreduce takes 8 ms plus ``hidden[i]`` for every rank i that takes part (a cost the compute
+    fits cannot see: a rank descheduled in every ring step). Every rank leaves the allreduce
+    together, so an update lasts the slowest compute plus the allreduce; a rank that sits out
+    reports nothing of it. ``shares``: each rank's CPU per wall second. Returns splits and notes."""
+    rng = np.random.default_rng(seed)
+    sizes = list(sizes or [32] * 4)
+    steps, syncs, cycles = [[] for _ in range(4)], [[] for _ in range(4)], [[] for _ in range(4)]
+    history, notes = [list(sizes)], []
+    for k in range(rebalances):
+        for u in range(every * k, every * (k + 1)):
+            inside = [i for i in range(4) if sizes[i] > 0]
+            compute = {i: (MS + per_sample * sizes[i]) * (1 + 0.02 * rng.standard_normal()) for i in inside}
+            allreduce = (8 * MS + sum(hidden[i] for i in inside)) * (1 + 0.02 * rng.standard_normal())
+            end = max(compute.values()) + allreduce
+            for i in inside:
+                steps[i] = (steps[i] + [(sizes[i], compute[i])])[-window:]
+                syncs[i] = (syncs[i] + [(u, end - compute[i])])[-window:]
+                cycles[i] = (cycles[i] + [(u, end)])[-window:]
+        metrics = ClusterMetrics(
+            ops=[None if b == 0 else b / (MS + per_sample * b) for b in sizes],
+            memory_used=[1e9] * 4,
+            latency=ZERO_LAT,
+            compute_samples=[list(s) for s in steps],
+            sync_samples=[list(s) for s in syncs],
+            cycle_samples=[list(s) for s in cycles],
+            cpu_share=list(shares),
+        )
+        sizes = strategy.rebalance(metrics, sizes, every * (k + 1))
+        history.append(list(sizes))
+        notes.append(strategy.last_note)
+    return history, notes
+
+
+def sitting_out(**options):
+    strategy = make_strategy("balanced", 4, 32, **options)
+    strategy.sit_out_ok = True  # what the Balancer of bno-hvd's own loop sets
+    return strategy
+
+
+STARVED = [0.33, 0.33, 0.32, 0.06]  # rank 3 shares its core with busy processes
+HIDDEN = [0.0, 0.0, 0.0, 80 * MS]  # ... and every ring step waits for it
+
+
+def test_a_starved_rank_whose_cost_is_in_the_allreduce_is_tried_out_and_stays_out():
+    history, notes = run(sitting_out(), 12, HIDDEN, STARVED)
+    # the model sees equal compute and keeps 32 each; the first rebalance tries rank 3 out
+    assert history[1] == [43, 43, 42, 0], history
+    assert notes[0].startswith("rank 3 is tried out for one interval: it gets 0.18 of the CPU")
+    # the interval without it measured ~30 ms per update against ~105: it stays out
+    assert history[2][3] == 0 and notes[1].startswith("rank 3 sits out: measured"), notes[1]
+    without, with_ = (float(x) for x in re.findall(r"(\d+) ms", notes[1]))
+    assert 0 < without < 0.5 * with_
+    # the model (which predicts its return pays: it computes as fast as the others) cannot call
+    # it back; after sit_out = 4 rebalances out it is measured again, is slower, and leaves for 8
+    back = [k for k in range(2, len(history)) if history[k][3] > 0]
+    assert back[0] == 6 and notes[back[0] - 1].startswith("rank 3 is back: after 4 rebalances out"), notes
+    assert history[back[0] + 1][3] == 0 and notes[back[0]].startswith("rank 3 sits out again: measured")
+    assert all(h[3] == 0 for h in history[back[0] + 1 :]), history  # out for 8 now: to the end
+    assert all(sum(h) == 128 and max(h[:3]) - min(h[:3]) <= 1 for h in history)
+
+
+def test_a_trial_that_does_not_pay_ends_and_is_tried_again_ever_later():
+    # rank 3 gets little CPU (a sleeping emulated rank, a rank that waits), but costs nothing in
+    # the allreduce: every trial measures the update slower without its samples
+    history, notes = run(sitting_out(), 20, [0.0] * 4, STARVED)
+    out = [k for k, h in enumerate(history) if h[3] == 0]
+    assert out == [1, 6, 15], (out, history)  # tried at once, then after 4 rebalances back, then after 8
+    for k in out:
+        assert notes[k].startswith("rank 3 is back: its trial measured"), notes[k]
+        assert history[k + 1] == [32] * 4
+    # every other split is the model's: equal ranks keep 32 each
+    assert all(h == [32] * 4 for k, h in enumerate(history) if k not in out)
+
+
+def test_no_trial_without_a_starved_rank_or_where_it_is_turned_off():
+    even = [0.33, 0.33, 0.32, 0.3]
+    assert all(h == [32] * 4 for h in run(sitting_out(), 8, HIDDEN, even)[0])  # nobody starved
+    assert all(h == [32] * 4 for h in run(sitting_out(starved_share=0), 8, HIDDEN, STARVED)[0])
+    assert all(h == [32] * 4 for h in run(sitting_out(sit_out=0), 8, HIDDEN, STARVED)[0])
+    assert all(h == [32] * 4 for h in run(make_strategy("balanced", 4, 32), 8, HIDDEN, STARVED)[0])  # user's loop
+    # rank 0 is never tried out, however little CPU it gets
+    assert all(h[0] > 0 for h in run(sitting_out(), 8, [80 * MS, 0, 0, 0], [0.06, 0.33, 0.33, 0.32])[0])
+
+
+def test_measurements_of_the_updates_a_rank_sat_out():
+    cycles = [[(u, 0.1 if u < 10 else 0.03) for u in range(20)], [], [], []]
+    syncs = [[], [], [], [(u, 0.05) for u in range(10)]]  # rank 3 took part in updates 0-9
+    metrics = ClusterMetrics(
+        ops=[1.0] * 4, memory_used=[1e9] * 4, latency=ZERO_LAT, sync_samples=syncs, cycle_samples=cycles
+    )
+    assert measured_step(metrics, 0, 3, present=True).seconds == 0.1
+    assert measured_step(metrics, 0, 3, present=False).seconds == 0.03
+    assert measured_step(metrics, 12).count == 8 and measured_step(metrics, 18) is None  # < 3 updates
+    fast, slow = Measured(0.03, 0.01, 10), Measured(0.1, 0.01, 10)
+    assert fast.faster_than(slow, 0.05, 2.24) and not slow.faster_than(fast, 0.05, 2.24)
+    assert not Measured(0.09, 0.05, 10).faster_than(slow, 0.05, 2.24)  # 10% faster, but in the noise
+    metrics.cpu_share = [0.3, 0.3, 0.1, 0.29]
+    assert starved(metrics, 0.5) == 2 and starved(metrics, 0.3) is None and starved(metrics, 0) is None
+    metrics.cpu_share = [0.3, 0.3, None, 0.29]
+    assert starved(metrics, 0.5) is None  # a share not known: no trial

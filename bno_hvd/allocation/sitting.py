@@ -13,7 +13,9 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
   (:attr:`ClusterMetrics.cpu_share`: CPU seconds per wall second) is sat out for one interval, and
   rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
   only if the updates without it were faster by more than the threshold and their noise. A trial
-  that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time.
+  that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
+  nor is a rank tried out within that long after it came back, nor one whose fit is gone (its
+  limit rose: it is measured at its share first).
 
 A rank that sits out stays out unless its CPU limit rose (its fit is gone), the model predicts
 its return pays (not after a measured gain: the model did not see it), or it has been out for
@@ -109,7 +111,8 @@ class SitOuts:
             if now is not None and without.faster_than(now, threshold, sigmas):
                 self.out_for, self.period, self.measured = 0, 2 * self.period, True
                 return split_without(model, r, global_batch), _measured(r, without, now, "sits out again"), None
-            self.period = self.every
+            # not slower with it (its neighbours left, say): no trial of it for a while either
+            self.period, self.next_trial[r] = self.every, self.count + self.wait.get(r, self.every)
         times = step_time(*model[:2], sizes, *model[2:])
         r = 1 + int(np.argmax(times[1:]))
         without = split_without(model, r, global_batch)
@@ -125,8 +128,8 @@ class SitOuts:
                 None,
             )
         r = starved(metrics, self.starved_share)
-        if r is None or self.count < self.next_trial.get(r, 0):
-            return sizes, None, None
+        if r is None or not known[r] or self.count < self.next_trial.get(r, 0):
+            return sizes, None, None  # (a rank whose fit is gone, its limit rose: measured at its share first)
         now = measured_step(metrics, since)
         if now is None:
             return sizes, None, None
@@ -159,6 +162,7 @@ class SitOuts:
             return other, None, None
         if without is not None and known[r]:
             self.back = {"rank": r, "without": [without.seconds, without.noise, without.count]}
+        self.next_trial[r] = self.count + 1 + self.wait.get(r, self.every)  # measured at its share first
         return sizes, f"rank {r} is back: {reason}", r
 
     def state_dict(self) -> dict:

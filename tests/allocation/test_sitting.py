@@ -13,13 +13,16 @@ MS = 1e-3
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
 
 
-def run(strategy, rebalances, hidden, shares, sizes=None, per_sample=0.5 * MS, every=10, window=20, seed=0):
+def run(strategy, rebalances, hidden, shares, sizes=None, every=10, window=20, until=None, limits=lambda k: [None] * 4):
     """Rebalance as rank 0 would. Each rank computes ``1 ms + per_sample * b`` (2% jitter); the
     allreduce takes 8 ms plus ``hidden[i]`` for every rank i that takes part (a cost the compute
     fits cannot see: a rank descheduled in every ring step). Every rank leaves the allreduce
     together, so an update lasts the slowest compute plus the allreduce; a rank that sits out
-    reports nothing of it. ``shares``: each rank's CPU per wall second. Returns splits and notes."""
-    rng = np.random.default_rng(seed)
+    reports nothing of it. ``shares``: each rank's CPU per wall second; ``until``: the rebalance
+    from which the hidden cost is gone (the busy processes left); ``limits(k)``: the CPU limits
+    each rank reports at rebalance k. Returns splits and notes."""
+    per_sample = 0.5 * MS
+    rng = np.random.default_rng(0)
     sizes = list(sizes or [32] * 4)
     steps, syncs, cycles = [[] for _ in range(4)], [[] for _ in range(4)], [[] for _ in range(4)]
     history, notes = [list(sizes)], []
@@ -27,7 +30,8 @@ def run(strategy, rebalances, hidden, shares, sizes=None, per_sample=0.5 * MS, e
         for u in range(every * k, every * (k + 1)):
             inside = [i for i in range(4) if sizes[i] > 0]
             compute = {i: (MS + per_sample * sizes[i]) * (1 + 0.02 * rng.standard_normal()) for i in inside}
-            allreduce = (8 * MS + sum(hidden[i] for i in inside)) * (1 + 0.02 * rng.standard_normal())
+            extra = 0.0 if until is not None and k >= until else sum(hidden[i] for i in inside)
+            allreduce = (8 * MS + extra) * (1 + 0.02 * rng.standard_normal())
             end = max(compute.values()) + allreduce
             for i in inside:
                 steps[i] = (steps[i] + [(sizes[i], compute[i])])[-window:]
@@ -41,6 +45,7 @@ def run(strategy, rebalances, hidden, shares, sizes=None, per_sample=0.5 * MS, e
             sync_samples=[list(s) for s in syncs],
             cycle_samples=[list(s) for s in cycles],
             cpu_share=list(shares),
+            cpu_limit=limits(k),
         )
         sizes = strategy.rebalance(metrics, sizes, every * (k + 1))
         history.append(list(sizes))
@@ -74,6 +79,31 @@ def test_a_starved_rank_whose_cost_is_in_the_allreduce_is_tried_out_and_stays_ou
     assert history[back[0] + 1][3] == 0 and notes[back[0]].startswith("rank 3 sits out again: measured")
     assert all(h[3] == 0 for h in history[back[0] + 1 :]), history  # out for 8 now: to the end
     assert all(sum(h) == 128 and max(h[:3]) - min(h[:3]) <= 1 for h in history)
+
+
+def test_a_rank_back_that_no_longer_slows_the_updates_stays_and_is_not_tried_again_at_once():
+    # the busy processes leave at rebalance 4, while rank 3 is out (its CPU share, as it reports
+    # it, still looks starved): back after 4 rebalances out, it measures no slower and stays
+    history, notes = run(sitting_out(), 16, HIDDEN, STARVED, until=4)
+    assert [h[3] == 0 for h in history[1:7]] == [True] * 5 + [False], history
+    assert notes[6] is None and history[7] == [32] * 4  # not slower with it: it stays
+    # no new trial for sit_out = 4 rebalances; then one, which measures no gain and ends, and
+    # the next one only 4 rebalances after that (8 after the next)
+    out = [k for k, h in enumerate(history) if k > 6 and h[3] == 0]
+    assert out == [11, 16], history
+    assert notes[11].startswith("rank 3 is back: its trial measured"), notes[11]
+
+
+def test_a_rank_whose_limit_rose_is_measured_at_its_share_not_tried_out():
+    # rank 3 is tried out and stays out (its cost is in the allreduce); at rebalance 3 its limit
+    # rises while it is out, and (its share still looks starved) at rebalance 4 it is not tried
+    # out again: it is back at a typical share to be measured, and then no trial for a while
+    history, notes = run(
+        sitting_out(), 8, HIDDEN, STARVED, until=3, limits=lambda k: [None] * 3 + [0.1 if k < 3 else 0.5]
+    )
+    assert [h[3] == 0 for h in history[1:4]] == [True] * 3, history
+    assert history[4][3] >= 30 and notes[3].startswith("rank 3 is back: its CPU limit rose"), (history, notes)
+    assert all(h[3] > 0 for h in history[4:]), history
 
 
 def test_a_trial_that_does_not_pay_ends_and_is_tried_again_ever_later():

@@ -116,12 +116,13 @@ class Move:
 
 
 def moves(records: list[UpdateRecord]) -> list[Move]:
-    """Every change of the split in a run, in order (the rebalance after update ``u`` decides the
-    sizes of ``u + 1``; its note is logged on ``u``'s record)."""
+    """Every change of the split in a run, in order, and every decision with a note that kept it
+    (a rank kept out on what was measured without it): the rebalance after update ``u`` decides
+    the sizes of ``u + 1``; its note is logged on ``u``'s record."""
     return [
         Move(cur.update, list(cur.batch_sizes), prev.rebalance_note)
         for prev, cur in zip(records, records[1:])
-        if list(cur.batch_sizes) != list(prev.batch_sizes)
+        if list(cur.batch_sizes) != list(prev.batch_sizes) or prev.rebalance_note
     ]
 
 

@@ -56,12 +56,17 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         assert 0 < r["allreduce_alone"] < r["mean_weight_update_time"] * 50, r
         assert len(r["rank_breakdown"]) == 4 and all(b["cpu_alone"] > 0 for b in r["rank_breakdown"]), r
     assert records[0]["speedup_vs_equal"] == 1.0
-    # every change of the split, as the run's own log shows it (equal and fixed never move)
+    # every change of the split, and every decision with a note, as the run's own log shows them
+    # (equal and fixed never move)
     assert records[0]["moves"] == [] == records[3]["moves"] and "  equal: none" in proc.stdout
     for i, name in enumerate(["equal", "balanced", "bno"]):
         logged = [json.loads(line) for line in (out / "runs" / name / "updates.jsonl").read_text().splitlines()]
         pairs = zip(logged, logged[1:])
-        changed = [(b["update"], b["batch_sizes"]) for a, b in pairs if a["batch_sizes"] != b["batch_sizes"]]
+        changed = [
+            (b["update"], b["batch_sizes"])
+            for a, b in pairs
+            if a["batch_sizes"] != b["batch_sizes"] or a.get("rebalance_note")
+        ]
         assert [(m["update"], m["sizes"]) for m in records[i]["moves"]] == changed
         if name == "bno":  # the paper's formula moves at every rebalance
             assert changed and f"update {changed[0][0]:>6}: {','.join(map(str, changed[0][1]))}" in proc.stdout

@@ -63,9 +63,10 @@ Stability. The fitted ``(a_i, c_i)`` (over the last ``window`` steps, default 16
 across rebalances by an exponential moving average (option ``smoothing`` = weight of the previous
 fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample changes by more than
 option ``jump`` (default 1.5x) and by more than its measurement noise, which is taken at once -
-and a deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
-step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
-``noise_sigmas`` times the fits' relative standard error (``deadband=0`` disables both). Under
+and a deadband (option ``deadband``, default 0.05) keeps ``current`` unless the new split is
+predicted to shorten the step - the slowest rank's ``a_i + c_i * b_i`` - by more than that
+fraction, and by more than ``noise_sigmas`` times the fits' relative standard error
+(``deadband=0`` disables both). Under
 CPU quotas single steps jitter by up to a quota period; the noise term keeps equal ranks from
 trading samples on that jitter (Greyhound's rule: rebalance only when it pays). By default it
 grows with N (:func:`sigmas_for`: 2.24 for 4 ranks): the predicted gain follows the largest of

@@ -77,7 +77,13 @@ def starved(metrics: ClusterMetrics, share: float) -> int | None:
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
         return None
     r = 1 + int(np.argmin(got[1:]))
-    return r if got[r] < share * float(np.median(np.delete(got, r))) else None
+    return r if share_of_others(metrics, r) < share else None
+
+
+def share_of_others(metrics: ClusterMetrics, r: int) -> float:
+    """Rank ``r``'s CPU per wall second over the median of the other ranks'."""
+    got = np.array(metrics.cpu_share, dtype=float)
+    return float(got[r] / np.median(np.delete(got, r)))
 
 
 class SitOuts:
@@ -134,8 +140,10 @@ class SitOuts:
         if now is None:
             return sizes, None, None
         self.trial = {"rank": r, "with": [now.seconds, now.noise, now.count]}
-        share = float(metrics.cpu_share[r]) / float(np.median(np.delete(np.array(metrics.cpu_share, float), r)))
-        note = f"rank {r} is tried out for one interval: it gets {share:.2f} of the CPU per second the others get"
+        note = (
+            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics, r):.2f} of the CPU "
+            "per second the others get"
+        )
         return split_without(model, r, global_batch), note, None
 
     def _while_out(self, model, sizes, r, known, metrics, since, global_batch, threshold, sigmas):

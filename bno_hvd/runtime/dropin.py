@@ -37,7 +37,7 @@ from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even,
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.runtime.balancer import Balancer
 from bno_hvd.runtime.mpienv import arrange_for_shared_cores
-from bno_hvd.runtime.world import exit_with_error
+from bno_hvd.runtime.world import exit_with_error, leave_together
 
 __all__ = ["DataLoader", "DistributedOptimizer", "one_line_errors", "world_balancer"]
 
@@ -56,6 +56,7 @@ def world_balancer(cls, dataset, batch_size, strategy="balanced", *, global_batc
     one_line_errors()
     length = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else len(dataset)
     comm = MPI.COMM_WORLD.Dup() if comm is None else comm
+    leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
     _check_horovod_world(comm.Get_size())
     if isinstance(strategy, str):
         strategy = make_strategy(strategy, comm.Get_size(), batch_size, global_batch=global_batch, seed=seed)

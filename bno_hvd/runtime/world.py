@@ -14,8 +14,10 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import time
 from dataclasses import dataclass, replace
 
 from bno_hvd.common.errors import UsageError
@@ -129,6 +131,41 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
     world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
     world.sit_out_sets = sets
     return world
+
+
+EXIT_WAIT_SECONDS = 60.0  # how long a rank at its exit waits for the others (leave_together)
+
+
+def leave_together(seconds: float = EXIT_WAIT_SECONDS) -> None:
+    """Register an exit hook: a rank that ends waits (at most ``seconds``) in a Horovod collective
+    until every rank has ended too, before Horovod's own exit hook shuts Horovod down.
+
+    Why: when the script's ``hvd.init()`` started MPI, Horovod also finalizes it, and the first
+    rank whose Horovod shuts down shuts it down on every rank: each then finalizes MPI under
+    whatever its main thread still does (a rank still building its Balancer crashed in
+    ``MPI_Comm_size``). The wait is Horovod's own allreduce, not MPI's: after it, no rank makes
+    another MPI call before its shutdown. Registered after ``hvd.init()``, so it runs first.
+    Skipped when an uncaught exception ends this rank: the others may wait for it in an
+    allreduce, and Horovod's shutdown is what frees them."""
+    atexit.register(_wait_for_the_others, seconds)
+
+
+def _wait_for_the_others(seconds: float) -> None:
+    hvd = sys.modules.get("horovod.torch")
+    if hasattr(sys, "last_value") or hvd is None or not hvd.is_initialized() or hvd.size() < 2:
+        return
+    import torch
+
+    try:
+        handle = hvd.allreduce_async(torch.zeros(1), name="bno_hvd.exit", op=hvd.Sum)
+        deadline = time.monotonic() + seconds
+        while not hvd.poll(handle):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        hvd.synchronize(handle)
+    except Exception:  # noqa: BLE001 - another rank's Horovod shut down first: nothing to wait for
+        return
 
 
 MAX_SIT_OUT_RANKS = 64  # one Horovod process set (a communicator) per rank that may sit out

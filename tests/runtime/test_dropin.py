@@ -4,6 +4,7 @@ what cannot be exact. Under mpirun (real Horovod, 4 or 2 ranks), and the dropout
 
 import re
 import subprocess
+import time
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from bno_hvd.cli import launching
 from bno_hvd.common.errors import UsageError
 from bno_hvd.runtime import mpienv
 from bno_hvd.runtime.dropout import SampleDropout
+from bno_hvd.runtime.world import EXIT_WAIT_SECONDS
 
 SCRIPT = "tests/support/mpi_scripts/dropin_cases.py"
 
@@ -56,6 +58,26 @@ def test_a_script_on_shared_cores_without_yield_when_idle_is_told_once():
     notes = [line for line in proc.stderr.splitlines() if line.startswith("bno-hvd: note:")]
     assert len(notes) == 1 and "OMPI_MCA_mpi_yield_when_idle is not set" in notes[0], proc.stderr[-2000:]
     assert proc.stdout.count("balancer for 50 samples, 25 of them here") == 2
+
+
+def test_a_rank_that_ends_first_waits_for_the_others_before_horovod_finalizes_mpi():
+    """The script's hvd.init() started MPI, so Horovod finalizes it, on every rank once any rank
+    shuts Horovod down: rank 0 ends at once while rank 1 still uses the balancer's comm 3 s later
+    (it crashed in MPI there before rank 0 waited at its exit)."""
+    proc = mpirun(2, python_cmd(SCRIPT, "late"), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rank 1: late, 2 ranks" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_rank_that_dies_of_an_exception_does_not_wait_for_the_others_at_its_exit():
+    """The others may be waiting for it in an allreduce: its exit must shut Horovod down at once
+    (their allreduce then fails), not after the exit wait."""
+    proc = mpirun(2, python_cmd(SCRIPT, "crash"), timeout=180)
+    ended = time.time()
+    raised = re.search(r"rank 1: raising at ([0-9.]+)", proc.stdout)
+    assert proc.returncode != 0 and raised, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[1,1]<stderr>:Traceback" in proc.stderr  # its end may be cut: mpirun ends the job
+    assert ended - float(raised.group(1)) < EXIT_WAIT_SECONDS, "the failed rank waited for the others"
 
 
 class Net(torch.nn.Module):

@@ -13,6 +13,7 @@ The other cases are refusals: each must end the job with one ``bno-hvd: error:``
 """
 
 import sys
+import time
 
 import horovod.torch as hvd
 import torch
@@ -159,6 +160,17 @@ def main(case):
     bal = bno.Balancer.for_world(dataset, B, "balanced", seed=SEED)
     if case == "note":  # for_world's note on shared cores, then a normal end
         print(f"rank {hvd.rank()}: balancer for {len(dataset)} samples, {len(bal)} of them here", flush=True)
+        return
+    if case == "late":  # rank 0 ends at once; rank 1 still talks MPI on the balancer's comm 3 s later
+        if hvd.rank() == 1:
+            time.sleep(3)
+            print(f"rank 1: late, {bal.control.plane.comm.Get_size()} ranks", flush=True)
+        return
+    if case == "crash":  # rank 1 dies of an uncaught exception while rank 0 waits in an allreduce
+        if hvd.rank() == 1:
+            print(f"rank 1: raising at {time.time()}", flush=True)
+            raise RuntimeError("rank 1 fails")
+        hvd.allreduce(torch.ones(1), name="never-joined")
         return
     model = torch.nn.Linear(3, 1, bias=False).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

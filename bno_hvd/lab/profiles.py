@@ -34,6 +34,7 @@ from bno_hvd.runtime.mpienv import mpi_env
 
 RANKS = 4
 GLOBAL_BATCH = 128  # 4 x the default base batch of 32
+SCHEDULE_BASE = (100, 20)  # the updates and warm-up a profile's schedule is written for (the suite's defaults)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Profile:
     outside: tuple[float, ...] | None = None  # CPU limits set outside bno-hvd (share of a core per rank)
     period_ms: float = 10.0  # CFS period of the outside limits
     competing: int = 0  # busy processes on rank 3's core (ranks 0-2 share the other core)
-    schedule: tuple = ()  # bno-hvd's --cpu-quota-schedule entries: (update, quotas)
+    schedule: tuple = ()  # --cpu-quota-schedule entries (update of SCHEDULE_BASE, quotas): scaled_schedule
 
     def label(self) -> str:
         return f"{self.kind}: {self.what}"
@@ -112,15 +113,15 @@ PROFILES = (
     Profile(
         "quota-schedule",
         "REAL",
-        "--cpu-quota-schedule (set by bno-hvd): 0.45 each; rank 3 at 0.12 from update 40 to 80",
-        (0.45, 0.45, 0.45, 0.45 * 0.6 + 0.12 * 0.4),
+        "--cpu-quota-schedule (set by bno-hvd): 0.45 each; rank 3 at 0.12 in the middle half of the timed updates",
+        (0.45, 0.45, 0.45, 0.45 * 0.5 + 0.12 * 0.5),  # half of the timed updates at each
         schedule=((0, (0.45, 0.45, 0.45, 0.45)), (40, (0.45, 0.45, 0.45, 0.12)), (80, (0.45, 0.45, 0.45, 0.45))),
     ),
     Profile(
         "quota-tiny-lifted",
         "REAL",
-        "--cpu-quota-schedule (set by bno-hvd): 0.45,0.45,0.45,0.06; rank 3 at 0.45 from update 60",
-        (0.45, 0.45, 0.45, 0.06 * 0.6 + 0.45 * 0.4),
+        "--cpu-quota-schedule (set by bno-hvd): 0.45,0.45,0.45,0.06; rank 3 at 0.45 after half the timed updates",
+        (0.45, 0.45, 0.45, 0.06 * 0.5 + 0.45 * 0.5),
         schedule=((0, (0.45, 0.45, 0.45, 0.06)), (60, (0.45, 0.45, 0.45, 0.45))),
     ),
     Profile(
@@ -194,6 +195,17 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def scaled_schedule(profile: Profile, updates: int, warmup: int) -> list[tuple[int, tuple]]:
+    """The profile's schedule for a run of ``updates`` with ``warmup``: each change keeps its place
+    among the timed updates (written for :data:`SCHEDULE_BASE`, 100 with 20 of warm-up: a change
+    at 40 of 100 comes at 60 of 180 with 20 of warm-up). Rounds of equal blocks then fall on each
+    phase of the schedule in the same proportion whatever ``--updates`` is (with the updates
+    unscaled, 6 of 8 rounds of a 180-update run came after the last change, BENCHMARKS.md 14.4)."""
+    base_updates, base_warmup = SCHEDULE_BASE
+    scale = (updates - warmup) / (base_updates - base_warmup)
+    return [(0 if u == 0 else max(0, round(warmup + (u - base_warmup) * scale)), q) for u, q in profile.schedule]
+
+
 def bench_args(profile: Profile, out: str, rounds: int, updates: int, warmup: int, strategies) -> list[str]:
     """The ``bno-hvd bench`` command line of one profile (default flags of every strategy)."""
     args = [
@@ -215,7 +227,7 @@ def bench_args(profile: Profile, out: str, rounds: int, updates: int, warmup: in
     if profile.schedule:
         path = os.path.join(out, "quota-schedule.json")
         with open(path, "w") as fh:
-            json.dump([{"update": u, "quotas": list(q)} for u, q in profile.schedule], fh)
+            json.dump([{"update": u, "quotas": list(q)} for u, q in scaled_schedule(profile, updates, warmup)], fh)
         args += ["--cpu-quota-schedule", path]
     return args
 

@@ -8,7 +8,7 @@ from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
 
 from bno_hvd.lab.confine import entry_for
 from bno_hvd.lab.pairing import round_orders
-from bno_hvd.lab.profiles import BY_NAME, hand_split
+from bno_hvd.lab.profiles import BY_NAME, bench_args, hand_split, scaled_schedule
 from bno_hvd.runtime.records import steps_from_json
 
 NAMES = ["equal", "balanced", "balanced:throttle_weight=0", "fixed"]  # with an ablation
@@ -79,6 +79,20 @@ def test_hand_splits_follow_what_a_user_knows_of_the_ranks():
     assert hand_split(BY_NAME["outside-equal-10ms"]) == [32, 32, 32, 32]
     assert sum(hand_split(BY_NAME["emulated-4-levels"])) == 128
     assert entry_for("a,-,c", 1) is None and entry_for("a,-,c", 2) == "c" and entry_for("", 0) is None
+
+
+def test_a_quota_schedule_keeps_its_place_among_the_timed_updates(tmp_path):
+    # written for 100 updates with 20 of warm-up (4 rounds of 20): rank 3 is slow in rounds 2-3;
+    # 180 updates (8 rounds of 20): in rounds 3-6, the same half, each change on a block's start
+    profile = BY_NAME["quota-schedule"]
+    assert [u for u, _ in scaled_schedule(profile, 100, 20)] == [0, 40, 80]
+    changes = [u for u, _ in scaled_schedule(profile, 180, 20)]
+    assert changes == [0, 60, 140] and all((u - 20) % 20 == 0 for u in changes[1:])
+    assert [u for u, _ in scaled_schedule(BY_NAME["quota-tiny-lifted"], 180, 20)] == [0, 100]
+    args = bench_args(profile, str(tmp_path), 8, 180, 20, ["equal", "balanced"])
+    written = json.loads((tmp_path / "quota-schedule.json").read_text())
+    assert args[args.index("--cpu-quota-schedule") + 1] == str(tmp_path / "quota-schedule.json")
+    assert [(e["update"], e["quotas"][3]) for e in written] == [(0, 0.45), (60, 0.12), (140, 0.45)]
 
 
 @needs_cgroups

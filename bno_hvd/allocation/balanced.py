@@ -93,6 +93,7 @@ from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import (
     complete_rows,
     fmt_limit,
+    in_ms,
     latency_offsets,
     limit_changed,
     penalties_from_rows,
@@ -220,16 +221,19 @@ class BalancedStrategy(Strategy):
         rows = np.array(list(self.sync_rows.values())).reshape(-1, self.n_ranks)
         seen = penalties_from_rows(rows, int(self.options["arrival_min_count"]), self.sigmas)
         self.penalty = np.where(np.isfinite(seen), seen, self.penalty)  # never last: keep the estimate
-        offsets = float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array())
-        offsets = offsets + float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min())
-        offsets = offsets + float(self.options["throttle_weight"]) * throttle_offsets(
-            metrics.sync_cpu, metrics.cpu_limit
-        )
+        parts = {
+            "latency_ms": float(self.options["latency_weight"]) * latency_offsets(metrics.latency_array()),
+            "arrival_ms": float(self.options["arrival_weight"]) * (self.penalty - self.penalty.min()),
+            "throttle_ms": float(self.options["throttle_weight"])
+            * throttle_offsets(metrics.sync_cpu, metrics.cpu_limit),
+        }
+        offsets = sum(parts.values())
         caps = metrics.max_batch
         kinds = np.round(np.log(limits), 1)  # ranks whose CPU limits differ are never pooled (inf: none)
         share = self.global_batch / self.n_ranks
         a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
         model = (a, c, caps, offsets)
+        self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, **parts})  # updates.jsonl: why this split
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
         moved = None
         if self.sit_out_ok and int(self.options["sit_out"]) > 0 and self.n_ranks > 1:

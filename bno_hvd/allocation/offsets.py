@@ -126,3 +126,8 @@ def latency_offsets(latency: np.ndarray) -> np.ndarray:
     if not np.isfinite(mean).any():
         return np.zeros(n)
     return np.where(np.isfinite(mean), mean - np.nanmin(mean), 0.0)
+
+
+def in_ms(parts: dict) -> dict:
+    """Per-rank seconds -> rounded milliseconds (None where unknown), for a JSON log line."""
+    return {k: [round(float(v) * 1000, 3) if math.isfinite(v) else None for v in vs] for k, vs in parts.items()}

@@ -62,6 +62,7 @@ class Strategy:
         self.options = {**self.OPTIONS, **options}
         self.last_warning: str | None = None
         self.last_note: str | None = None  # why this rebalance moved, when it is not the fit's split (a probe)
+        self.last_model: dict | None = None  # per rank, what the split came from (balanced: fits and offsets, ms)
 
     @property
     def changes_global_batch(self) -> bool:
@@ -95,6 +96,7 @@ class Strategy:
         """Reset ``last_warning`` and check sizes; call first in every ``rebalance``."""
         self.last_warning = None
         self.last_note = None
+        self.last_model = None
         if metrics.n != self.n_ranks:
             raise UsageError(f"metrics describe {metrics.n} ranks but the strategy has {self.n_ranks}")
         if not valid_sizes(current, self.n_ranks, self.sit_out_ok):

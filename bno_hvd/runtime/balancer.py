@@ -252,7 +252,7 @@ class Balancer(SamplerFace):
             result = self.rebalance()
             stats.rebalance_seconds, stats.rebalanced = result.seconds, True
             stats.rank_memory, stats.rank_steps = result.memory_used, result.recent_steps
-            stats.rebalance_note = result.note
+            stats.rebalance_note, stats.rebalance_model = result.note, result.model
         self.timer.done()
         return stats
 

@@ -179,6 +179,7 @@ def make_record(step, stats, loss: float, lr: float, clock: Stopwatch, base_glob
         base_global_batch=base_global,
         rank_memory=stats.rank_memory,
         rebalance_note=stats.rebalance_note,
+        rebalance_model=stats.rebalance_model,
         global_tokens=step.global_tokens,
         tokens_per_s=step.global_tokens / cycle if step.global_tokens and cycle > 0 else None,
     )

@@ -38,6 +38,9 @@ class UpdateRecord:
     base_global_batch: int = 0  # N * B, what the learning rate refers to
     rank_memory: list | None = None  # at a rebalance: every rank's memory in use (bytes; None = unknown)
     rebalance_note: str | None = None  # at a rebalance that probed: what and why (see allocation.balanced)
+    # at a rebalance (balanced): per rank, the fit's fixed and per-sample cost and the offsets added
+    # to the fixed cost (latency, arrival, throttle), in ms: why two ranks got different shares
+    rebalance_model: dict | None = None
     global_tokens: int | None = None  # text: tokens (predictions) in this update's global batch
     tokens_per_s: float | None = None  # text: global_tokens / weight_update_time
 

@@ -45,6 +45,7 @@ class StepStats:
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
     rank_steps: list | None = None  # at a rebalance, on rank 0: every rank's RankReport.recent_steps
     rebalance_note: str | None = None  # at a rebalance, on rank 0: why it moved, if not to the fit (a probe)
+    rebalance_model: dict | None = None  # at a rebalance, on rank 0: per rank, what the split came from
 
     def rank_step(self, batch: int, micro_batches: int = 1, tokens: int = 0) -> RankStep:
         return RankStep(

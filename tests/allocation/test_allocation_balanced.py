@@ -123,7 +123,12 @@ def test_latency_moves_work_off_a_rank_on_a_slow_link():
     assert latency_offsets(ClusterMetrics([1] * 4, [1] * 4, lat).latency_array()).tolist() == pytest.approx(
         [0, 0, 0, 0.04]
     )
-    assert strategy().rebalance(metrics([100] * 4, latency=lat), [25] * 4, 1) == [26, 26, 26, 22]
+    s = strategy()
+    assert s.rebalance(metrics([100] * 4, latency=lat), [25] * 4, 1) == [26, 26, 26, 22]
+    # updates.jsonl's rebalance_model: why rank 3 got less, per rank and in ms
+    assert s.last_model["latency_ms"] == pytest.approx([0, 0, 0, 40])
+    assert s.last_model["arrival_ms"] == [0] * 4 and s.last_model["throttle_ms"] == [0] * 4
+    assert s.last_model["per_sample_ms"] == pytest.approx([10] * 4) and len(s.last_model["fixed_ms"]) == 4
     assert strategy(latency_weight=0.0).rebalance(metrics([100] * 4, latency=lat), [25] * 4, 1) == [25] * 4
 
 

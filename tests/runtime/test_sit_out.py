@@ -49,6 +49,10 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
     assert all(sum(s) == 32 and s[0] > 0 and s.count(0) <= 1 for s in sizes)
     assert any(n.startswith("rank 3 sits out:") for n in notes), notes
     assert any(n.startswith("rank 3 is back") for n in notes), notes
+    models = [r["rebalance_model"] for r in records if r.get("rebalance_model")]  # why each split, per rank
+    assert len(models) >= 8 and all(len(v) == 4 for m in models for v in m.values()), models[:1]
+    first = models[0]["per_sample_ms"]  # an emulated sample at 2% of the speed: 500 ms against ~10
+    assert first[3] > 5 * max(first[:3]), first
     assert min(s[3] for s in sizes[15 + 3 * 3 :]) >= 4, sizes  # back at a fast rank's share
     mine = json.load(open(multi / "ranks.json"))["ranks"][3]  # what rank 3 logged of its own updates
     assert mine["batch"] == [s[3] for s in sizes]

@@ -72,6 +72,7 @@ class RebalanceResult:
     memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
     recent_steps: list | None = None  # rank 0: every rank's RankReport.recent_steps
     note: str | None = None  # rank 0: why the strategy moved, when not to its fit's split (a probe)
+    model: dict | None = None  # rank 0: per rank, what the split came from (the strategy's last_model)
 
 
 class ControlPlane:
@@ -98,16 +99,17 @@ class ControlPlane:
         """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
         t0 = time.perf_counter()
         reports = self.gather(report)
-        sizes, warnings, memory, recent, note = None, [], None, None, None
+        sizes, warnings, memory, recent, note, model = None, [], None, None, None, None
         if self.rank == 0:
             sizes, warning = allocate_on_root(strategy, reports, current, update)
             note = getattr(strategy, "last_note", None) if sizes != list(current) else None
             warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
             memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
             recent = [r.recent_steps for r in reports]
+            model = getattr(strategy, "last_model", None)
         sizes = self.broadcast(sizes)
         assert valid_sizes(sizes, self.size, getattr(strategy, "sit_out_ok", False))
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note)
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note, model)
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):

@@ -55,9 +55,9 @@ standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one 
 same share: a split the deadband keeps is evened out within each group (:func:`even_out`).
 
 Latency. A rank on a slow link receives its allreduce data later, so it should finish compute
-earlier. We add to ``a_i`` the rank's mean measured round trip to the other ranks minus the
-cluster minimum of that mean, scaled by option ``latency_weight`` (default 1; 0 disables).
-A uniform network therefore changes nothing.
+earlier. We add to ``a_i`` the rank's cheapest measured round trip to another rank minus the
+cluster minimum of that, scaled by option ``latency_weight`` (default 1; 0 disables). A uniform
+network therefore changes nothing, nor does a starved rank to the ranks that ping it.
 
 Stability. The fitted ``(a_i, c_i)`` (over the last ``window`` steps, default 16) are smoothed
 across rebalances by an exponential moving average (option ``smoothing`` = weight of the previous

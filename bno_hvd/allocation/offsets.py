@@ -108,24 +108,26 @@ def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
 
 
 def latency_offsets(latency: np.ndarray) -> np.ndarray:
-    """Seconds to add to each rank's fixed cost: mean round trip to others minus the cluster min.
+    """Seconds to add to each rank's fixed cost: its cheapest round trip to another rank, minus
+    the cluster's least such.
 
-    Non-finite entries are ignored; a rank with no finite entry (or a single rank) gets 0.
+    A round trip costs both ends. A rank on a slow link is slow to every other rank, so even its
+    cheapest round trip is long; a rank that merely pings a starved one (0.06 of a core, which
+    answers when the scheduler runs it) has a cheap round trip to some other rank. The mean over
+    the others counted that starvation once in every row, differently for each pair: 13-19 ms
+    on one of three equal-limit ranks while rank 3 was starved, which split them 12,62,54
+    (BENCHMARKS.md 14.5). Non-finite entries are ignored; a rank with none finite (or a single
+    rank) gets 0.
     """
     n = latency.shape[0]
     if n < 2 or latency.shape != (n, n):
         return np.zeros(n)
-    finite = np.isfinite(latency)
-    if finite.all():  # the usual case: no NxN float temporaries
-        mean = (latency.sum(axis=1) - np.diagonal(latency)) / (n - 1)
-    else:
-        np.fill_diagonal(finite, False)  # a rank's latency to itself says nothing about its links
-        count = finite.sum(axis=1)
-        total = np.where(finite, latency, 0.0).sum(axis=1)
-        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-    if not np.isfinite(mean).any():
+    links = np.where(np.isfinite(latency), latency, np.inf)
+    np.fill_diagonal(links, np.inf)  # a rank's latency to itself says nothing about its links
+    cheapest = links.min(axis=1)
+    if not np.isfinite(cheapest).any():
         return np.zeros(n)
-    return np.where(np.isfinite(mean), mean - np.nanmin(mean), 0.0)
+    return np.where(np.isfinite(cheapest), cheapest - cheapest[np.isfinite(cheapest)].min(), 0.0)
 
 
 def in_ms(parts: dict) -> dict:

@@ -146,8 +146,15 @@ def leave_together(seconds: float = EXIT_WAIT_SECONDS) -> None:
     ``MPI_Comm_size``). The wait is Horovod's own allreduce, not MPI's: after it, no rank makes
     another MPI call before its shutdown. Registered after ``hvd.init()``, so it runs first.
     Skipped when an uncaught exception ends this rank: the others may wait for it in an
-    allreduce, and Horovod's shutdown is what frees them."""
-    atexit.register(_wait_for_the_others, seconds)
+    allreduce, and Horovod's shutdown is what frees them. Registered once per process (a
+    second Balancer adds no second wait)."""
+    global _LEAVING
+    if not _LEAVING:
+        atexit.register(_wait_for_the_others, seconds)
+        _LEAVING = True
+
+
+_LEAVING = False  # leave_together's hook is registered
 
 
 def _wait_for_the_others(seconds: float) -> None:

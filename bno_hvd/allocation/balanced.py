@@ -237,9 +237,9 @@ class BalancedStrategy(Strategy):
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
         moved = None
         if self.sit_out_ok and int(self.options["sit_out"]) > 0 and self.n_ranks > 1:
-            sizes, moved, back = self.sitouts.decide(
-                model, sizes, current, known, metrics, update, self.global_batch, self._threshold(), self.sigmas
-            )
+            settled = self._within_deadband(sizes, current, model)  # a trial is measured against the fit's split
+            at = (update, self.global_batch, self._threshold(), self.sigmas, settled)
+            sizes, moved, back = self.sitouts.decide(model, sizes, current, known, metrics, *at)
             if back is not None:  # its arrivals at the allreduce are measured again
                 self.sync_rows, self.penalty[back] = {}, 0.0
         if rose_notes or moved or not self._within_deadband(sizes, current, model):

@@ -12,7 +12,13 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
   the same compute). A rank that gets less than ``starved_share`` of the CPU the others get
   (:attr:`ClusterMetrics.cpu_share`: CPU seconds per wall second) is sat out for one interval, and
   rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
-  only if the updates without it were faster by more than the threshold and their noise. A trial
+  only if the updates without it were faster by more than the threshold and their noise. A rank
+  is tried out only while the split is the fit's (the rebalance keeps it, within the deadband):
+  the interval the trial is measured against must be the best split with it, not the even split
+  of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
+  21,11 then took 224 ms; BENCHMARKS.md 14.6). Its CPU share leaves out the waits for its
+  device (:meth:`bno_hvd.runtime.timing.StepTimer.idle`): a slower GPU, or an EMULATED one,
+  is not starved. A trial
   that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
   nor is a rank tried out within that long after it came back, nor one whose fit is gone (its
   limit rose: it is measured at its share first).
@@ -102,9 +108,10 @@ class SitOuts:
         self.count = 0  # rebalances seen
         self.measured = False  # the rank out is out because it measured faster: the model cannot call it back
 
-    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas):
+    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas, settled=True):
         """``(sizes, note, back)``: the split (one rank may have 0), why it differs from the fit's
-        (None: it does not), and the rank that just came back (None: none)."""
+        (None: it does not), and the rank that just came back (None: none). ``settled``: the
+        current split is the fit's (within the deadband); only then is a rank tried out."""
         since, self.since = self.since, int(update)
         self.count += 1
         was = [i for i, b in enumerate(current) if b == 0]
@@ -134,7 +141,7 @@ class SitOuts:
                 None,
             )
         r = starved(metrics, self.starved_share)
-        if r is None or not known[r] or self.count < self.next_trial.get(r, 0):
+        if r is None or not settled or not known[r] or self.count < self.next_trial.get(r, 0):
             return sizes, None, None  # (a rank whose fit is gone, its limit rose: measured at its share first)
         now = measured_step(metrics, since)
         if now is None:

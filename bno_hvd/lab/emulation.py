@@ -4,7 +4,8 @@ Rank i really computes its batch; its compute phase is then stretched to last
 ``b_i / (f_i * R)`` seconds (R: samples/s of a speed-1 device). Stretching measured compute
 time instead would not work here: ranks share cores, so measured time depends on what the
 other ranks do. The emulated wait counts as compute in every measurement, exactly as a slower
-device would, so allocation strategies see the emulated cluster.
+device would, so allocation strategies see the emulated cluster. It is the device's time, not
+the CPU's: the rank's timer leaves it out of its CPU share (a rank that sleeps is not starved).
 
 The wait is taken *before* the forward pass (predicted from the rank's recent real compute
 time per sample): Horovod starts the gradient allreduce during ``backward()``, so a wait after
@@ -102,10 +103,20 @@ class EmulationHook(Hook):
         self._clock, self._sleep = clock, sleep
         self._t0 = self._t_real = 0.0
         self._updates = 0
+        self._idle = None  # the run's StepTimer.idle: the waits are the device's, not CPU starvation
+
+    def start(self, run) -> None:
+        self._idle = run.balancer.timer.idle
+
+    def _wait(self, seconds: float) -> None:
+        t = self._clock()
+        self._sleep(seconds)
+        if self._idle is not None:
+            self._idle(self._clock() - t)
 
     def before_compute(self, step) -> None:
         self._t0 = self._clock()
-        self._sleep(self.emulator.pre_wait(emulated_units(step), step.update))
+        self._wait(self.emulator.pre_wait(emulated_units(step), step.update))
         self._t_real = self._clock()
 
     def after_compute(self, step) -> None:
@@ -113,7 +124,7 @@ class EmulationHook(Hook):
         self.emulator.record_real(emulated_units(step), now - self._t_real, step.update)
         target = self.emulator.target_seconds(emulated_units(step), step.update)
         if now - self._t0 < target:  # the prediction was short: finish the emulated compute phase
-            self._sleep(target - (now - self._t0))
+            self._wait(target - (now - self._t0))
         self._updates += 1
 
     def finish(self, comm) -> list[str]:

@@ -75,6 +75,7 @@ class StepTimer:
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
         self.cycles: deque[tuple[int, float]] = deque(maxlen=window)  # (update, s from the last one's end)
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
+        self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
 
@@ -82,12 +83,20 @@ class StepTimer:
         """The step begins: its batch is here."""
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
         self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
-        self._mark = None
+        self._mark, self._idle = None, 0.0
+
+    def idle(self, seconds: float) -> None:
+        """This rank just waited ``seconds`` for its device, not for a CPU (a GPU's queue, an
+        EMULATED device's wait): the time counts as compute, but not as wall time the rank could
+        have used the CPU in (:meth:`cpu_share`), or a slower device would look CPU-starved."""
+        self._idle += max(0.0, float(seconds))
 
     def mark_backward_end(self) -> None:
         """A backward pass just ended (the last mark before :meth:`end_compute` ends the compute phase)."""
         if self.sync is not None:
+            t = time.perf_counter()
             self.sync()
+            self.idle(time.perf_counter() - t)
         self._mark = (time.perf_counter(), time.process_time())
 
     def end_compute(self, batch: int) -> float:
@@ -119,7 +128,7 @@ class StepTimer:
             return stats
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
-        self.cpu_use.append((stats.cpu_seconds, now - self._t0))
+        self.cpu_use.append((stats.cpu_seconds, max(0.0, now - self._t0 - self._idle)))
         self.cycles.append((update, self._gap + now - self._t0))
         return stats
 
@@ -136,7 +145,8 @@ class StepTimer:
 
     def cpu_share(self) -> float | None:
         """CPU seconds per wall second over the recent updates (None before the first): how much
-        of a core this rank gets, whatever limits it (a quota, busy neighbours on its core)."""
+        of a core this rank gets, whatever limits it (a quota, busy neighbours on its core). The
+        wall time leaves out the waits for its device (:meth:`idle`)."""
         cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
         return cpu / wall if wall > 0 else None
 

@@ -145,3 +145,11 @@ def test_measurements_of_the_updates_a_rank_sat_out():
     assert starved(metrics, 0.5) == 2 and starved(metrics, 0.3) is None and starved(metrics, 0) is None
     metrics.cpu_share = [0.3, 0.3, None, 0.29]
     assert starved(metrics, 0.5) is None  # a share not known: no trial
+
+
+def test_a_rank_is_tried_out_only_from_the_fits_split():
+    # the first interval ran at a split the fit moves away from: the trial waits for the fit's
+    # split, so the update it is measured against is the best one with the rank
+    history, notes = run(sitting_out(), 3, HIDDEN, STARVED, sizes=[50, 30, 30, 18])
+    assert min(history[1]) >= 30 and notes[0] is None, (history, notes)  # the fit's ~32 each
+    assert history[2] == [43, 43, 42, 0] and notes[1].startswith("rank 3 is tried out"), (history, notes)

@@ -1,10 +1,13 @@
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import RankSchedule
-from bno_hvd.lab.emulation import DeviceEmulator, load_schedule, parse_speeds
+from bno_hvd.lab.emulation import DeviceEmulator, EmulationHook, load_schedule, parse_speeds
+from bno_hvd.runtime.timing import StepTimer
 
 
 def test_parse_speeds():
@@ -51,3 +54,27 @@ def test_bad_schedules(tmp_path, content, msg):
         load_schedule(str(path), 2)
     with pytest.raises(UsageError, match="cannot read"):
         load_schedule(str(tmp_path / "missing.json"), 2)
+
+
+def test_the_emulated_wait_is_the_devices_time_not_cpu_starvation():
+    # a rank at speed 0.25 sleeps most of its step: its timer counts the sleep as compute, but
+    # not as wall time in its CPU share, or a sit-out trial would read it as CPU-starved
+    timer = StepTimer(window=4)
+    hook = EmulationHook(DeviceEmulator(rank=1, rate=100.0, schedule=RankSchedule.constant([1, 0.25])))
+    hook.start(SimpleNamespace(balancer=SimpleNamespace(timer=timer)))
+    step = SimpleNamespace(batch_size=5, update=0, emulated_work=None, work=None)
+    timer.start()
+    hook.before_compute(step)
+    t = time.process_time()
+    while time.process_time() - t < 0.02:  # the real compute: CPU all the time
+        pass
+    hook.after_compute(step)
+    compute = timer.end_compute(5)
+    stats = timer.end(update=0, batch_sizes=[5, 5])
+    assert compute >= 0.2  # 5 samples at 25 samples/s: the emulated compute phase
+    cpu, wall = timer.cpu_use[-1]
+    # the wall time of the share is the update's less the sleeps (at least 0.2 - 0.02 s of them)
+    assert wall <= stats.compute_seconds + stats.sync_seconds - 0.17
+    assert wall >= cpu * 0.99 or wall >= 0.02  # ... and still holds the compute that used the CPU
+    # without the hook's start (no run: a unit of the lab alone) nothing is told, nothing fails
+    EmulationHook(DeviceEmulator(rank=0, rate=1000.0, schedule=RankSchedule.constant([1]))).before_compute(step)

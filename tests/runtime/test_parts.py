@@ -62,3 +62,20 @@ def test_the_validation_table_names_real_fields_and_refuses_with_one_line():
         TrainConfig(collectives="tcp")
     with pytest.raises(UsageError, match="--allocation-lag 2 is too small"):
         TrainConfig(num_workers=1, allocation_lag=2)
+
+
+def test_a_wait_for_the_device_counts_as_compute_but_not_in_the_cpu_share():
+    # a GPU rank waits for its queue in sync(); a slower device waits longer: not CPU starvation
+    timer = StepTimer(window=4, sync=lambda: time.sleep(0.05))
+    timer.start()
+    compute = timer.end_compute(batch=8)
+    stats = timer.end(update=0, batch_sizes=[8])
+    assert compute >= 0.05
+    _, wall = timer.cpu_use[-1]
+    assert wall <= stats.compute_seconds + stats.sync_seconds - 0.05
+    plain = StepTimer(window=4)  # the same wait, not told: all of it is wall time
+    plain.start()
+    time.sleep(0.05)
+    plain.end_compute(batch=8)
+    plain.end(update=0, batch_sizes=[8])
+    assert plain.cpu_use[-1][1] >= 0.05

@@ -73,6 +73,7 @@ class StepTimer:
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
+        self.idles: deque[float] = deque(maxlen=window)  # ... of its wall s, waiting on the device (idle)
         self.cycles: deque[tuple[int, float]] = deque(maxlen=window)  # (update, s from the last one's end)
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
@@ -128,7 +129,8 @@ class StepTimer:
             return stats
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
-        self.cpu_use.append((stats.cpu_seconds, max(0.0, now - self._t0 - self._idle)))
+        self.cpu_use.append((stats.cpu_seconds, now - self._t0))  # a device wait binds no CPU limit
+        self.idles.append(min(self._idle, now - self._t0))
         self.cycles.append((update, self._gap + now - self._t0))
         return stats
 
@@ -138,6 +140,7 @@ class StepTimer:
         self.syncs.clear()
         self.sync_cpus.clear()
         self.cpu_use.clear()
+        self.idles.clear()
 
     def done(self) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now."""
@@ -148,6 +151,7 @@ class StepTimer:
         of a core this rank gets, whatever limits it (a quota, busy neighbours on its core). The
         wall time leaves out the waits for its device (:meth:`idle`)."""
         cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
+        wall -= sum(self.idles)
         return cpu / wall if wall > 0 else None
 
     def sync_cpu(self) -> float | None:

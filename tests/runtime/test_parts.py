@@ -71,11 +71,12 @@ def test_a_wait_for_the_device_counts_as_compute_but_not_in_the_cpu_share():
     compute = timer.end_compute(batch=8)
     stats = timer.end(update=0, batch_sizes=[8])
     assert compute >= 0.05
-    _, wall = timer.cpu_use[-1]
-    assert wall <= stats.compute_seconds + stats.sync_seconds - 0.05
+    cpu, wall = timer.cpu_use[-1]
+    assert wall == pytest.approx(stats.compute_seconds + stats.sync_seconds) and timer.idles[-1] >= 0.05
+    assert timer.cpu_share() == pytest.approx(cpu / (wall - timer.idles[-1]))
     plain = StepTimer(window=4)  # the same wait, not told: all of it is wall time
     plain.start()
     time.sleep(0.05)
     plain.end_compute(batch=8)
     plain.end(update=0, batch_sizes=[8])
-    assert plain.cpu_use[-1][1] >= 0.05
+    assert plain.cpu_use[-1][1] >= 0.05 and plain.idles[-1] == 0

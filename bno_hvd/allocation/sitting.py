@@ -108,7 +108,7 @@ class SitOuts:
         self.count = 0  # rebalances seen
         self.measured = False  # the rank out is out because it measured faster: the model cannot call it back
 
-    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas, settled=True):
+    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas, settled):
         """``(sizes, note, back)``: the split (one rank may have 0), why it differs from the fit's
         (None: it does not), and the rank that just came back (None: none). ``settled``: the
         current split is the fit's (within the deadband); only then is a rank tried out."""

@@ -45,7 +45,7 @@ neighbour left) loses its fit at once and gets a typical rank's share until it i
 Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.runtime.sitout`),
 one rank (never rank 0) may get 0 samples and leave the allreduce: when the model predicts the
 others finish sooner without it, or when it gets less than ``starved_share`` (default 0.5) of the
-CPU per second the others get and one interval without it is *measured* faster (a trial). It is
+others' share of the CPU (run time over runnable time) and one interval without it is *measured* faster (a trial). It is
 back when its limit rises, when its return pays, and after ``sit_out`` rebalances (default 4;
 0: never sits out) to be measured again (:mod:`bno_hvd.allocation.sitting`).
 
@@ -131,7 +131,7 @@ class BalancedStrategy(Strategy):
         "throttle_weight": 1.0,
         "sit_out": 4,  # rebalances a rank that costs more than it adds stays out; 0: never sits out
         "pool_sigmas": None,  # None: noise_sigmas; ranks whose fits differ by less share one; 0: never
-        "starved_share": 0.5,  # a rank with less CPU per second than this of the others' is tried out; 0: never
+        "starved_share": 0.5,  # a rank with less CPU share than this of the others' is tried out; 0: never
         "jump": 1.5,  # a cost per sample that moved by more than this factor is taken at once, not smoothed
         "arrival_min_count": 3,  # updates a rank must be last (and not last) in before it has a penalty
     }
@@ -234,6 +234,7 @@ class BalancedStrategy(Strategy):
         a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
         model = (a, c, caps, offsets)
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, **parts})  # updates.jsonl: why this split
+        self.last_model["cpu_share"] = [None if x is None else round(float(x), 3) for x in metrics.cpu_share]
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
         moved = None
         if self.sit_out_ok and int(self.options["sit_out"]) > 0 and self.n_ranks > 1:

@@ -3,7 +3,7 @@
 Units: ``ops`` in samples/s, ``memory_used`` in bytes, ``latency`` in seconds (measured round
 trips), ``compute_samples`` as ``(batch_size, compute_seconds)`` pairs, ``max_batch`` in samples,
 ``sync_cpu`` in CPU seconds per update (a rank's sync phase), ``cpu_limit`` in cores,
-``cycle_samples`` as ``(update, seconds)`` of whole updates, ``cpu_share`` in cores used.
+``cycle_samples`` as ``(update, seconds)`` of whole updates, ``cpu_share`` as run time / runnable time.
 
 Physical ranges (``validate()``; the constants live in :mod:`bno_hvd.common.parsing`): ops 0, or 1e-3
 to 1e9 samples/s (a non-zero rate below that is noise, and its reciprocal overflows); memory 0 to
@@ -68,7 +68,7 @@ class ClusterMetrics:
     sync_cpu: list = field(default_factory=list)  # per rank CPU seconds of one sync phase, None = unknown
     cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
     cycle_samples: list = field(default_factory=list)  # per rank [(update, seconds of the whole update), ...]
-    cpu_share: list = field(default_factory=list)  # per rank CPU seconds per wall second, None = unknown
+    cpu_share: list = field(default_factory=list)  # per rank time on a CPU / runnable time, None = unknown
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.

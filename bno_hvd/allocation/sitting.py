@@ -9,16 +9,16 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
 * **Measured (a trial).** What a rank costs inside the allreduce is not always in the model: a
   rank sharing its core with busy processes has no CPU limit to charge, and its part of every
   ring step waits for the scheduler (seen: 118 ms of sync per update with it, 43 ms without, at
-  the same compute). A rank that gets less than ``starved_share`` of the CPU the others get
-  (:attr:`ClusterMetrics.cpu_share`: CPU seconds per wall second) is sat out for one interval, and
+  the same compute). A rank that gets less than ``starved_share`` of the others' share of the CPU
+  (:attr:`ClusterMetrics.cpu_share`: the time it ran over the time it could run) is sat out for one interval, and
   rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
   only if the updates without it were faster by more than the threshold and their noise. A rank
   is tried out only while the split is the fit's (the rebalance keeps it, within the deadband):
   the interval the trial is measured against must be the best split with it, not the even split
   of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
-  21,11 then took 224 ms; BENCHMARKS.md 14.6). Its CPU share leaves out the waits for its
-  device (:meth:`bno_hvd.runtime.timing.StepTimer.idle`): a slower GPU, or an EMULATED one,
-  is not starved. A trial
+  21,11 then took 224 ms; BENCHMARKS.md 14.6). A rank that is not runnable (waiting for its
+  device, a slower GPU or an EMULATED one, or with less work) is not starved
+  (:meth:`bno_hvd.runtime.timing.StepTimer.cpu_share`). A trial
   that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
   nor is a rank tried out within that long after it came back, nor one whose fit is gone (its
   limit rose: it is measured at its share first).
@@ -77,7 +77,7 @@ def measured_step(metrics: ClusterMetrics, since: int, rank: int | None = None, 
 
 
 def starved(metrics: ClusterMetrics, share: float) -> int | None:
-    """The rank (never 0) that gets the least CPU per wall second, if below ``share`` of the
+    """The rank (never 0) that gets the least share of the CPU, if below ``share`` of the
     median of the others; None when no rank is (or the shares are not known)."""
     got = np.array([np.nan if x is None else float(x) for x in metrics.cpu_share])
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
@@ -87,7 +87,7 @@ def starved(metrics: ClusterMetrics, share: float) -> int | None:
 
 
 def share_of_others(metrics: ClusterMetrics, r: int) -> float:
-    """Rank ``r``'s CPU per wall second over the median of the other ranks'."""
+    """Rank ``r``'s share of the CPU over the median of the other ranks'."""
     got = np.array(metrics.cpu_share, dtype=float)
     return float(got[r] / np.median(np.delete(got, r)))
 
@@ -148,8 +148,8 @@ class SitOuts:
             return sizes, None, None
         self.trial = {"rank": r, "with": [now.seconds, now.noise, now.count]}
         note = (
-            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics, r):.2f} of the CPU "
-            "per second the others get"
+            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics, r):.2f} of the "
+            "others' share of the CPU"
         )
         return split_without(model, r, global_batch), note, None
 

@@ -19,6 +19,7 @@ Usage (what :class:`bno_hvd.runtime.balancer.Balancer` does)::
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -65,15 +66,18 @@ class StepTimer:
     """One rank's clock over its updates, and the recent measurements it reports at a rebalance.
 
     ``window``: how many recent updates are kept; ``sync()``: waits for a device's queued work
-    before the end of compute is read (a GPU)."""
+    before the end of compute is read (a GPU); ``schedstat``: read the kernel's run queue for
+    :meth:`cpu_share` where it has one."""
 
-    def __init__(self, window: int = 20, sync=None):
+    def __init__(self, window: int = 20, sync=None, schedstat: bool = True):
         self.sync = sync
         self.steps = StepWindow(window)  # (batch, local seconds) of recent updates, for the fits
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
         self.idles: deque[float] = deque(maxlen=window)  # ... of its wall s, waiting on the device (idle)
+        self.runs: deque[tuple[float, float]] = deque(maxlen=window)  # (s on a CPU, s runnable waiting for one)
+        self._queue = RunQueue() if schedstat else None
         self.cycles: deque[tuple[int, float]] = deque(maxlen=window)  # (update, s from the last one's end)
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
@@ -125,6 +129,7 @@ class StepTimer:
             cpu_sync_seconds=cpu - self._cpu_compute,
             gap_seconds=self._gap,
         )
+        ran = self._queue.read() if self._queue else None  # since the last update ended (its gap too)
         if sat_out:
             return stats
         self.syncs.append((update, stats.sync_seconds))
@@ -132,6 +137,8 @@ class StepTimer:
         self.cpu_use.append((stats.cpu_seconds, now - self._t0))  # a device wait binds no CPU limit
         self.idles.append(min(self._idle, now - self._t0))
         self.cycles.append((update, self._gap + now - self._t0))
+        if ran is not None:
+            self.runs.append(ran)
         return stats
 
     def forget(self) -> None:
@@ -141,15 +148,25 @@ class StepTimer:
         self.sync_cpus.clear()
         self.cpu_use.clear()
         self.idles.clear()
+        self.runs.clear()
+        if self._queue:
+            self._queue.read()
 
     def done(self) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now."""
         self._last_end = time.perf_counter()
 
     def cpu_share(self) -> float | None:
-        """CPU seconds per wall second over the recent updates (None before the first): how much
-        of a core this rank gets, whatever limits it (a quota, busy neighbours on its core). The
-        wall time leaves out the waits for its device (:meth:`idle`)."""
+        """How much of the CPU this rank got of what it asked for over the recent updates (None
+        before the first), whatever limits it (a quota, busy neighbours on its core): the seconds
+        its threads ran on a CPU over the seconds they were runnable (ran, or waited in the run
+        queue, or were throttled by a CFS quota; the kernel's schedstat). A rank that waits for
+        its device, sleeps in a collective or has less work is not runnable then, so it is not
+        starved. Where the kernel keeps no schedstat: CPU seconds per wall second, the wall time
+        without the waits for its device (:meth:`idle`)."""
+        if self.runs:
+            ran, waited = (sum(x) for x in zip(*self.runs))
+            return ran / (ran + waited) if ran + waited > 0 else None
         cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
         wall -= sum(self.idles)
         return cpu / wall if wall > 0 else None
@@ -157,3 +174,40 @@ class StepTimer:
     def sync_cpu(self) -> float | None:
         """Median CPU seconds of the recent sync phases (None before the first update)."""
         return float(np.median(self.sync_cpus)) if self.sync_cpus else None
+
+
+class RunQueue:
+    """This process's threads' time on a CPU and time runnable but not running, from the kernel's
+    ``/proc/self/task/*/schedstat`` (fields 1 and 2, in ns). A quota's throttled time is counted
+    as waiting (measured on Linux 6.18: a busy loop limited to 0.1 of a core for 2 s ran 0.21 s
+    and waited 1.81 s; a sleep adds neither; BENCHMARKS.md 14.6)."""
+
+    def __init__(self):
+        self._last = self._threads()
+
+    @staticmethod
+    def _threads() -> dict[str, tuple[int, int]] | None:
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return None
+        seen = {}
+        for tid in tids:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    ran, waited = f.read().split()[:2]
+            except (OSError, ValueError):
+                continue  # the thread has just ended
+            seen[tid] = (int(ran), int(waited))
+        return seen or None
+
+    def read(self) -> tuple[float, float] | None:
+        """(seconds run, seconds waiting) of every thread since the last read (None: no schedstat).
+        A thread that ended since loses its last part; one that started counts from its start."""
+        now, last = self._threads(), self._last
+        self._last = now
+        if now is None or last is None:
+            return None
+        ran = sum(r - last.get(t, (0, 0))[0] for t, (r, _) in now.items())
+        waited = sum(w - last.get(t, (0, 0))[1] for t, (_, w) in now.items())
+        return ran / 1e9, waited / 1e9

@@ -302,3 +302,38 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
     # a few samples waits for the others): only a changed limit is judged again
     assert float(after) == pytest.approx(0.5)
     assert wait_until_gone(before) == before
+
+
+@needs_cgroups
+def test_the_cpu_share_is_what_a_rank_got_of_the_time_it_could_run():
+    # The kernel's run queue (schedstat): a rank throttled by a quota waits for the CPU most of
+    # the time it could run; a rank that sleeps (an EMULATED slower device, a collective's wait)
+    # is not runnable then, so it is not starved, though it uses as little CPU per second.
+    script = (
+        "import time\n"
+        "from bno_hvd.common.parsing import RankSchedule\n"
+        "from bno_hvd.lab.cpuquota import CpuQuotaHook\n"
+        "from bno_hvd.runtime.timing import StepTimer\n"
+        "def update(busy, sleep):\n"
+        "    timer = StepTimer(window=4)\n"
+        "    timer.start()\n"
+        "    t = time.perf_counter()\n"
+        "    while time.perf_counter() - t < busy:\n"
+        "        pass\n"
+        "    time.sleep(sleep)\n"
+        "    timer.end_compute(8)\n"
+        "    timer.end(update=0, batch_sizes=[8])\n"
+        "    cpu, wall = timer.cpu_use[-1]\n"
+        "    return timer.cpu_share(), cpu / wall\n"
+        "free, sleeper = update(0.6, 0), update(0.05, 0.55)\n"
+        "hook = CpuQuotaHook(RankSchedule.constant([0.1]), 0)\n"
+        "hook.start(None)\n"
+        "limited = update(0.6, 0)\n"
+        "hook.close()\n"
+        "print(*free, *sleeper, *limited)\n"
+    )
+    proc, before = run_python(script)
+    free, free_per_wall, sleeper, sleeper_per_wall, limited, limited_per_wall = map(float, proc.stdout.split())
+    assert limited < 0.5 * free and limited < 0.5 * sleeper  # ~0.1 against ~1 (~0.5 on a busy machine)
+    assert sleeper_per_wall < limited_per_wall * 1.5  # per wall second it looked as starved as the throttled one
+    assert wait_until_gone(before) == before

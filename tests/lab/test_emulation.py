@@ -58,8 +58,9 @@ def test_bad_schedules(tmp_path, content, msg):
 
 def test_the_emulated_wait_is_the_devices_time_not_cpu_starvation():
     # a rank at speed 0.25 sleeps most of its step: its timer counts the sleep as compute, but
-    # not as wall time in its CPU share, or a sit-out trial would read it as CPU-starved
-    timer = StepTimer(window=4)
+    # not as wall time in its CPU share, or a sit-out trial would read it as CPU-starved (where
+    # the kernel keeps no schedstat; where it does, a sleep is not runnable time: test_cpuquota)
+    timer = StepTimer(window=4, schedstat=False)
     hook = EmulationHook(DeviceEmulator(rank=1, rate=100.0, schedule=RankSchedule.constant([1, 0.25])))
     hook.start(SimpleNamespace(balancer=SimpleNamespace(timer=timer)))
     step = SimpleNamespace(batch_size=5, update=0, emulated_work=None, work=None)

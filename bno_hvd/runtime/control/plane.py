@@ -30,7 +30,7 @@ class RankReport:
     sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
     cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
     cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
-    cpu_share: float | None = None  # CPU seconds per wall second over its recent updates
+    cpu_share: float | None = None  # its time on a CPU over its runnable time (StepTimer.cpu_share)
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""

@@ -234,7 +234,8 @@ class BalancedStrategy(Strategy):
         a, c, pooled = pool_indistinguishable(a, c, self.noise, share, self.pool_sigmas, kinds)
         model = (a, c, caps, offsets)
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, **parts})  # updates.jsonl: why this split
-        self.last_model["cpu_share"] = [None if x is None else round(float(x), 3) for x in metrics.cpu_share]
+        for key in ("cpu_share", "cpu_per_wall"):
+            self.last_model[key] = [None if x is None else round(float(x), 3) for x in getattr(metrics, key)]
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, caps, offsets), self.global_batch, 1)
         moved = None
         if self.sit_out_ok and int(self.options["sit_out"]) > 0 and self.n_ranks > 1:

@@ -69,6 +69,7 @@ class ClusterMetrics:
     cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
     cycle_samples: list = field(default_factory=list)  # per rank [(update, seconds of the whole update), ...]
     cpu_share: list = field(default_factory=list)  # per rank time on a CPU / runnable time, None = unknown
+    cpu_per_wall: list = field(default_factory=list)  # per rank CPU seconds per wall second, None = unknown
 
     def __post_init__(self):
         # Empty defaults mean "nothing measured": expand them to one entry per rank.
@@ -86,6 +87,8 @@ class ClusterMetrics:
             self.cycle_samples = [[] for _ in range(self.n)]
         if len(self.cpu_share) == 0:
             self.cpu_share = [None] * self.n
+        if len(self.cpu_per_wall) == 0:
+            self.cpu_per_wall = [None] * self.n
 
     @property
     def n(self) -> int:

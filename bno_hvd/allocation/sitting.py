@@ -78,17 +78,25 @@ def measured_step(metrics: ClusterMetrics, since: int, rank: int | None = None, 
 
 def starved(metrics: ClusterMetrics, share: float) -> int | None:
     """The rank (never 0) that gets the least share of the CPU, if below ``share`` of the
-    median of the others; None when no rank is (or the shares are not known)."""
+    median of the others, and its CPU per wall second too where known; None when no rank is
+    (or the shares are not known). The two err apart: a rank with less work or a slower device
+    uses less CPU per second but is not runnable more; a rank whose spinning threads queue
+    behind busy neighbours is runnable more but uses as much CPU per second (BENCHMARKS.md 14.7)."""
     got = np.array([np.nan if x is None else float(x) for x in metrics.cpu_share])
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
         return None
     r = 1 + int(np.argmin(got[1:]))
-    return r if share_of_others(metrics, r) < share else None
+    if share_of_others(metrics.cpu_share, r) >= share:
+        return None
+    per_wall = metrics.cpu_per_wall
+    if all(x is not None and x > 0 for x in per_wall) and share_of_others(per_wall, r) >= share:
+        return None
+    return r
 
 
-def share_of_others(metrics: ClusterMetrics, r: int) -> float:
-    """Rank ``r``'s share of the CPU over the median of the other ranks'."""
-    got = np.array(metrics.cpu_share, dtype=float)
+def share_of_others(shares, r: int) -> float:
+    """Rank ``r``'s share over the median of the other ranks'."""
+    got = np.array(shares, dtype=float)
     return float(got[r] / np.median(np.delete(got, r)))
 
 
@@ -148,8 +156,8 @@ class SitOuts:
             return sizes, None, None
         self.trial = {"rank": r, "with": [now.seconds, now.noise, now.count]}
         note = (
-            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics, r):.2f} of the "
-            "others' share of the CPU"
+            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics.cpu_share, r):.2f} of "
+            f"the others' share of the CPU{_per_wall(metrics, r)}"
         )
         return split_without(model, r, global_batch), note, None
 
@@ -195,6 +203,13 @@ class SitOuts:
         self.measured = bool(state.get("measured", False))
         self.next_trial = {int(r): int(c) for r, c in state.get("next_trial", [])}
         self.wait = {int(r): int(c) for r, c in state.get("wait", [])}
+
+
+def _per_wall(metrics: ClusterMetrics, r: int) -> str:
+    per_wall = metrics.cpu_per_wall
+    if not all(x is not None and x > 0 for x in per_wall):
+        return ""
+    return f" ({share_of_others(per_wall, r):.2f} of their CPU per wall second)"
 
 
 def _measured(r: int, without: Measured, with_: Measured, what: str) -> str:

@@ -275,6 +275,7 @@ class Balancer(SamplerFace):
             cpu_limit=self.limit.read(self.timer.cpu_use),
             cycle_samples=list(self.timer.cycles),
             cpu_share=self.timer.cpu_share(),
+            cpu_per_wall=self.timer.cpu_per_wall(),
         )
         return self.report_filter(report, self.update) if self.report_filter else report
 

@@ -162,11 +162,18 @@ class StepTimer:
         its threads ran on a CPU over the seconds they were runnable (ran, or waited in the run
         queue, or were throttled by a CFS quota; the kernel's schedstat). A rank that waits for
         its device, sleeps in a collective or has less work is not runnable then, so it is not
-        starved. Where the kernel keeps no schedstat: CPU seconds per wall second, the wall time
-        without the waits for its device (:meth:`idle`)."""
+        starved. Where the kernel keeps no schedstat: :meth:`cpu_per_wall`. A thread that spins
+        with ``sched_yield`` (MPI's waits) is runnable all the time: under load its delay is the
+        neighbours' slices, not demand (BENCHMARKS.md 14.7), which :meth:`cpu_per_wall` does not
+        mistake for starvation."""
         if self.runs:
             ran, waited = (sum(x) for x in zip(*self.runs))
             return ran / (ran + waited) if ran + waited > 0 else None
+        return self.cpu_per_wall()
+
+    def cpu_per_wall(self) -> float | None:
+        """CPU seconds per wall second over the recent updates (None before the first), the wall
+        time without the waits for its device (:meth:`idle`)."""
         cpu, wall = (sum(x) for x in zip(*self.cpu_use)) if self.cpu_use else (0.0, 0.0)
         wall -= sum(self.idles)
         return cpu / wall if wall > 0 else None

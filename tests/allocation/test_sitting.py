@@ -145,6 +145,17 @@ def test_measurements_of_the_updates_a_rank_sat_out():
     assert starved(metrics, 0.5) == 2 and starved(metrics, 0.3) is None and starved(metrics, 0) is None
     metrics.cpu_share = [0.3, 0.3, None, 0.29]
     assert starved(metrics, 0.5) is None  # a share not known: no trial
+    # both shares must agree where both are known (BENCHMARKS.md 14.7)
+    metrics.cpu_share, metrics.cpu_per_wall = [0.3, 0.3, 0.1, 0.29], [0.5, 0.5, 0.1, 0.5]
+    assert starved(metrics, 0.5) == 2
+    metrics.cpu_per_wall = [0.5, 0.5, 0.4, 0.5]  # its threads queued, but it used as much CPU per second
+    assert starved(metrics, 0.5) is None
+    # logged under load: two unthrottled ranks on MPI, whose yielding waits are always runnable
+    two = ClusterMetrics(ops=[1.0] * 2, memory_used=[1e9] * 2, latency=[[0, 0], [0, 0]])
+    two.cpu_share, two.cpu_per_wall = [0.056, 0.026], [0.9, 0.85]
+    assert starved(two, 0.5) is None
+    two.cpu_per_wall = [0.9, 0.3]  # and with less CPU per second as well: starved
+    assert starved(two, 0.5) == 1
 
 
 def test_a_rank_is_tried_out_only_from_the_fits_split():

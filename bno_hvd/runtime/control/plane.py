@@ -31,6 +31,7 @@ class RankReport:
     cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
     cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
     cpu_share: float | None = None  # its time on a CPU over its runnable time (StepTimer.cpu_share)
+    cpu_per_wall: float | None = None  # its CPU seconds per wall second (StepTimer.cpu_per_wall)
 
     def is_finite(self) -> bool:
         """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
@@ -61,6 +62,7 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         cpu_limit=[r.cpu_limit for r in reports],
         cycle_samples=[list(r.cycle_samples) for r in reports],
         cpu_share=[r.cpu_share for r in reports],
+        cpu_per_wall=[r.cpu_per_wall for r in reports],
     )
 
 

@@ -45,9 +45,10 @@ neighbour left) loses its fit at once and gets a typical rank's share until it i
 Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.runtime.sitout`),
 one rank (never rank 0) may get 0 samples and leave the allreduce: when the model predicts the
 others finish sooner without it, or when it gets less than ``starved_share`` (default 0.5) of the
-others' share of the CPU (run time over runnable time) and one interval without it is *measured* faster (a trial). It is
-back when its limit rises, when its return pays, and after ``sit_out`` rebalances (default 4;
-0: never sits out) to be measured again (:mod:`bno_hvd.allocation.sitting`).
+others' share of the CPU (run time over runnable time, and CPU per wall second) and one interval
+without it is *measured* faster (a trial). It is back when its limit rises, when its return pays,
+and after ``sit_out`` rebalances (default 4; 0: never sits out) to be measured again
+(:mod:`bno_hvd.allocation.sitting`).
 
 Pooling. Ranks whose predicted times at the mean share differ by less than ``pool_sigmas``
 standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean

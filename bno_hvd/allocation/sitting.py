@@ -10,9 +10,10 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
   rank sharing its core with busy processes has no CPU limit to charge, and its part of every
   ring step waits for the scheduler (seen: 118 ms of sync per update with it, 43 ms without, at
   the same compute). A rank that gets less than ``starved_share`` of the others' share of the CPU
-  (:attr:`ClusterMetrics.cpu_share`: the time it ran over the time it could run) is sat out for one interval, and
-  rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
-  only if the updates without it were faster by more than the threshold and their noise. A rank
+  (:attr:`ClusterMetrics.cpu_share`: the time it ran over the time it could run; and of their
+  CPU per wall second, :func:`starved`) is sat out for one interval, and rank 0's measured
+  update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out only if the updates
+  without it were faster by more than the threshold and their noise. A rank
   is tried out only while the split is the fit's (the rebalance keeps it, within the deadband):
   the interval the trial is measured against must be the best split with it, not the even split
   of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
@@ -89,9 +90,13 @@ def starved(metrics: ClusterMetrics, share: float) -> int | None:
     if share_of_others(metrics.cpu_share, r) >= share:
         return None
     per_wall = metrics.cpu_per_wall
-    if all(x is not None and x > 0 for x in per_wall) and share_of_others(per_wall, r) >= share:
+    if _known(per_wall) and share_of_others(per_wall, r) >= share:
         return None
     return r
+
+
+def _known(shares) -> bool:
+    return all(x is not None and x > 0 for x in shares)
 
 
 def share_of_others(shares, r: int) -> float:
@@ -206,10 +211,9 @@ class SitOuts:
 
 
 def _per_wall(metrics: ClusterMetrics, r: int) -> str:
-    per_wall = metrics.cpu_per_wall
-    if not all(x is not None and x > 0 for x in per_wall):
+    if not _known(metrics.cpu_per_wall):
         return ""
-    return f" ({share_of_others(per_wall, r):.2f} of their CPU per wall second)"
+    return f" ({share_of_others(metrics.cpu_per_wall, r):.2f} of their CPU per wall second)"
 
 
 def _measured(r: int, without: Measured, with_: Measured, what: str) -> str:

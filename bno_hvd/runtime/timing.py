@@ -190,21 +190,26 @@ class RunQueue:
     and waited 1.81 s; a sleep adds neither; BENCHMARKS.md 14.6)."""
 
     def __init__(self):
+        self._files: dict = {}  # tid -> its schedstat, kept open: re-read in place every update
         self._last = self._threads()
 
-    @staticmethod
-    def _threads() -> dict[str, tuple[int, int]] | None:
+    def _threads(self) -> dict[str, tuple[int, int]] | None:
         try:
             tids = os.listdir("/proc/self/task")
         except OSError:
             return None
+        for tid in set(self._files) - set(tids):  # threads that ended
+            self._files.pop(tid).close()
         seen = {}
         for tid in tids:
             try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    ran, waited = f.read().split()[:2]
-            except (OSError, ValueError):
-                continue  # the thread has just ended
+                if tid not in self._files:
+                    self._files[tid] = open(f"/proc/self/task/{tid}/schedstat", "rb", buffering=0)
+                ran, waited = os.pread(self._files[tid].fileno(), 128, 0).split()[:2]
+            except (OSError, ValueError):  # the thread has just ended
+                if tid in self._files:
+                    self._files.pop(tid).close()
+                continue
             seen[tid] = (int(ran), int(waited))
         return seen or None
 

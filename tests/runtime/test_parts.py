@@ -2,6 +2,8 @@
 lab's plugin as the only way lab flags enter a run, and the config's validation table."""
 
 import dataclasses
+import os
+import threading
 import time
 
 import pytest
@@ -11,7 +13,7 @@ from bno_hvd.runtime.components import make_plugin
 from bno_hvd.runtime.config import FIELD_RULES, TrainConfig
 from bno_hvd.runtime.cpulimit import BindingLimit
 from bno_hvd.runtime.hooks import NO_HETEROGENEITY, Plugin
-from bno_hvd.runtime.timing import StepTimer
+from bno_hvd.runtime.timing import RunQueue, StepTimer
 
 
 def test_the_step_clock_splits_an_update_into_gap_compute_and_sync():
@@ -81,3 +83,21 @@ def test_a_wait_for_the_device_counts_as_compute_but_not_in_the_cpu_share():
     plain.end_compute(batch=8)
     plain.end(update=0, batch_sizes=[8])
     assert plain.cpu_use[-1][1] >= 0.05 and plain.idles[-1] == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="no /proc/self/task")
+def test_the_run_queue_reads_every_thread_and_closes_the_files_of_threads_that_ended():
+    queue = RunQueue()  # read every update: each thread's schedstat stays open and is re-read
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: stop.wait(5))
+    worker.start()
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.05:
+        pass
+    ran, waited = queue.read()
+    assert ran >= 0.04 and waited >= 0
+    kept = queue._files[str(worker.native_id)]
+    stop.set()
+    worker.join()
+    queue.read()
+    assert kept.closed and str(worker.native_id) not in queue._files

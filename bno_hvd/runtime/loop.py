@@ -176,6 +176,7 @@ def make_record(step, stats, loss: float, lr: float, clock: Stopwatch, base_glob
         compute_time=stats.compute_seconds,
         sync_time=stats.sync_seconds,
         rebalance_time=stats.rebalance_seconds,
+        gc_time=stats.gc_seconds,
         base_global_batch=base_global,
         rank_memory=stats.rank_memory,
         rebalance_note=stats.rebalance_note,

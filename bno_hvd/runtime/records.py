@@ -35,6 +35,7 @@ class UpdateRecord:
     compute_time: float = 0.0  # s, rank 0's compute phase
     sync_time: float = 0.0  # s, rank 0's sync phase (allreduce and waiting)
     rebalance_time: float = 0.0  # s, rank 0's time in the control plane after this update
+    gc_time: float = 0.0  # s of rank 0's update in Python's garbage collector (ranks.json: every rank's)
     base_global_batch: int = 0  # N * B, what the learning rate refers to
     rank_memory: list | None = None  # at a rebalance: every rank's memory in use (bytes; None = unknown)
     rebalance_note: str | None = None  # at a rebalance that probed: what and why (see allocation.balanced)
@@ -67,6 +68,7 @@ class RankStep:
     gap: float = 0.0  # s from the previous update's end to this step's start (getting the batch, logging)
     cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
     tokens: int = 0  # text: tokens (predictions) this rank processed (0 for images)
+    gc: float = 0.0  # s of gap, compute and sync spent in Python's garbage collector
 
     @property
     def seconds(self) -> float:

@@ -19,6 +19,7 @@ Usage (what :class:`bno_hvd.runtime.balancer.Balancer` does)::
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import deque
@@ -41,6 +42,7 @@ class StepStats:
     cpu_seconds: float  # CPU time of this process (all threads) in the update
     cpu_sync_seconds: float = 0.0  # ... of it in the sync phase (the allreduce's work, and any spinning)
     gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
+    gc_seconds: float = 0.0  # of gap, compute and sync: in Python's garbage collector (any thread)
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
@@ -59,6 +61,7 @@ class StepStats:
             self.gap_seconds,
             self.cpu_sync_seconds,
             tokens,
+            self.gc_seconds,
         )
 
 
@@ -83,6 +86,7 @@ class StepTimer:
         self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
+        self._gc = gc_seconds()  # the collector's total when the previous update ended
 
     def start(self) -> None:
         """The step begins: its batch is here."""
@@ -128,6 +132,7 @@ class StepTimer:
             cpu_seconds=cpu - self._cpu0,
             cpu_sync_seconds=cpu - self._cpu_compute,
             gap_seconds=self._gap,
+            gc_seconds=gc_seconds() - self._gc,
         )
         ran = self._queue.read() if self._queue else None  # since the last update ended (its gap too)
         if sat_out:
@@ -154,7 +159,7 @@ class StepTimer:
 
     def done(self) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now."""
-        self._last_end = time.perf_counter()
+        self._last_end, self._gc = time.perf_counter(), gc_seconds()
 
     def cpu_share(self) -> float | None:
         """How much of the CPU this rank got of what it asked for over the recent updates (None
@@ -223,3 +228,23 @@ class RunQueue:
         ran = sum(r - last.get(t, (0, 0))[0] for t, (r, _) in now.items())
         waited = sum(w - last.get(t, (0, 0))[1] for t, (_, w) in now.items())
         return ran / 1e9, waited / 1e9
+
+
+_collecting = [0.0, None]  # seconds in the collector so far, and when the running collection started
+
+
+def _collector(phase: str, info: dict) -> None:
+    if phase == "start":
+        _collecting[1] = time.perf_counter()
+    elif _collecting[1] is not None:
+        _collecting[0] += time.perf_counter() - _collecting[1]
+        _collecting[1] = None
+
+
+def gc_seconds() -> float:
+    """Seconds this process has spent in Python's garbage collector since the first call (every
+    thread's collections: ``gc.callbacks``). A full collection walks every object the process
+    holds; on a rank at a fraction of a core it can stall one update for seconds."""
+    if _collector not in gc.callbacks:
+        gc.callbacks.append(_collector)
+    return _collecting[0]

@@ -2,6 +2,7 @@
 lab's plugin as the only way lab flags enter a run, and the config's validation table."""
 
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -99,5 +100,31 @@ def test_the_run_queue_reads_every_thread_and_closes_the_files_of_threads_that_e
     kept = queue._files[str(worker.native_id)]
     stop.set()
     worker.join()
+    t = time.perf_counter()  # the kernel lists a joined thread until it has fully exited
+    while str(worker.native_id) in os.listdir("/proc/self/task") and time.perf_counter() - t < 10:
+        time.sleep(0.01)
     queue.read()
     assert kept.closed and str(worker.native_id) not in queue._files
+
+
+def test_the_step_clock_counts_the_garbage_collectors_time_in_the_update():
+    timer = StepTimer(window=4, schedstat=False)
+    timer.done()
+    timer.start()
+    cycles = []
+    for _ in range(20000):  # garbage only a collection frees
+        a = []
+        a.append(a)
+        cycles.append(a)
+    del cycles, a
+    t = time.perf_counter()
+    gc.collect()
+    collecting = time.perf_counter() - t
+    timer.end_compute(batch=8)
+    stats = timer.end(update=0, batch_sizes=[8])
+    assert collecting * 0.5 <= stats.gc_seconds <= stats.compute_seconds
+    assert stats.rank_step(8).gc == stats.gc_seconds
+    timer.done()
+    timer.start()  # the next update collects nothing
+    timer.end_compute(batch=8)
+    assert timer.end(update=1, batch_sizes=[8]).gc_seconds < collecting * 0.5

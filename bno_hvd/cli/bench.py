@@ -12,6 +12,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import parse_name_list
 from bno_hvd.lab.benchstats import format_breakdown, format_moves, format_table
 from bno_hvd.lab.pairing import format_comparison
+from bno_hvd.lab.stalls import format_stalls
 
 DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 
@@ -112,6 +113,9 @@ def print_outcome(outcome, rounds: int, out_dir) -> None:
             click.echo("\n".join("    " + line for line in format_moves(changes).splitlines()))
         else:
             click.echo(f"  {name}: none")
+    click.echo("stalls (timed updates over 2x their 20 neighbours' median, and what the logs say held them up):")
+    for name, stalls in outcome.stalls.items():
+        click.echo(f"  {name}: {format_stalls(stalls)}")
     if out_dir:
         click.echo(f"wrote {out_dir}/bench.json, bench.csv, bench.png, stragglers_*.png")
 

@@ -11,6 +11,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
 - :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
+- :mod:`.pairing`, :mod:`.stalls` - ``bench --rounds``: paired ratios; single updates that stalled, and why
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
 - :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures

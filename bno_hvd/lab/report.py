@@ -202,6 +202,7 @@ def write_bench_outputs(
     recovery_vs_best: dict | None = None,
     moves: dict | None = None,
     paired: dict | None = None,
+    stalls: dict | None = None,
 ) -> None:
     """bench.json, bench.csv, bench.png and one straggler picture per strategy."""
     rows = []
@@ -217,6 +218,8 @@ def write_bench_outputs(
             row["moves"] = [dataclasses.asdict(m) for m in moves[s.strategy]]
         if paired is not None:
             row["paired"] = paired[s.strategy]  # --rounds: per-round rates, paired ratios, median, interval
+        if stalls is not None:
+            row["stalls"] = [dataclasses.asdict(x) for x in stalls[s.strategy]]  # lab/stalls.py
         rows.append(row)
     write_json_atomic(os.path.join(out_dir, "bench.json"), rows)
     write_csv(

@@ -29,6 +29,7 @@ from bno_hvd.lab.heterogeneity import NONE, from_config, outside_label
 from bno_hvd.lab.pairing import block_rate, comparison, round_orders
 from bno_hvd.lab.plugin import lab_plugin
 from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
+from bno_hvd.lab.stalls import Stall, find_stalls
 from bno_hvd.runtime.loop import Training, run_training
 
 
@@ -45,6 +46,7 @@ class BenchOutcome:
     moves: dict[str, list[Move]] = field(default_factory=dict)  # per strategy: every change of its split
     paired: dict[str, dict] | None = None  # --rounds: per strategy, paired ratios (lab/pairing.py)
     baseline: str | None = None  # what the paired ratios divide by
+    stalls: dict[str, list[Stall]] = field(default_factory=dict)  # per strategy: its stalled timed updates
 
 
 def run_config(base, name: str, out_dir: str | None, **changes):
@@ -139,13 +141,25 @@ def run_bench(
         relative = {n: recovery_intervals(e, changes, every, limits) for n, e in eff.items()}
     breakdown = {n: rank_breakdown(r.rank_steps, warmup, r.allreduce_alone) for n, r in runs.items()}
     moved = {n: moves(r.records) for n, r in runs.items()}
+    stalled = {n: find_stalls(r.records, r.rank_steps, warmup) for n, r in runs.items()}
     if out_dir:
         title = f"weight-update time per update ({base.model}, {world.size} ranks)"
         records = {n: r.records for n, r in runs.items()}
         write_bench_outputs(
-            out_dir, summaries, records, run_label, recovery, changes, title, breakdown, relative, moved, paired
+            out_dir,
+            summaries,
+            records,
+            run_label,
+            recovery,
+            changes,
+            title,
+            breakdown,
+            relative,
+            moved,
+            paired,
+            stalled,
         )
-    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved, paired, baseline)
+    return BenchOutcome(summaries, run_label, recovery, changes, breakdown, relative, moved, paired, baseline, stalled)
 
 
 def run_experiment(

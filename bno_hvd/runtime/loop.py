@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.common.errors import TrainingError
@@ -80,8 +81,9 @@ class Training:
         run, cfg, world = self.run, self.cfg, self.world
         hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
         # -- this rank's step: forward, weighted loss, backward ------------------------
+        t = time.perf_counter()
         if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
-            bal.timer.done()  # that transfer is not part of this step's time
+            bal.timer.done(catch_up=time.perf_counter() - t)  # that transfer is logged apart from the step
         step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
         computes = step.size > 0  # a rank with 0 samples sits this update out
         hooks.before_compute(step)

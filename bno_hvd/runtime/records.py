@@ -69,6 +69,7 @@ class RankStep:
     cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
     tokens: int = 0  # text: tokens (predictions) this rank processed (0 for images)
     gc: float = 0.0  # s of gap, compute and sync spent in Python's garbage collector
+    catch_up: float = 0.0  # s before the gap: sending (rank 0) or receiving the state of a rank back from sitting out
 
     @property
     def seconds(self) -> float:

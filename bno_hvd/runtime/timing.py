@@ -43,6 +43,7 @@ class StepStats:
     cpu_sync_seconds: float = 0.0  # ... of it in the sync phase (the allreduce's work, and any spinning)
     gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
     gc_seconds: float = 0.0  # of gap, compute and sync: in Python's garbage collector (any thread)
+    catch_up_seconds: float = 0.0  # before the gap: sending or receiving the state of a rank back from sitting out
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
@@ -62,6 +63,7 @@ class StepStats:
             self.cpu_sync_seconds,
             tokens,
             self.gc_seconds,
+            self.catch_up_seconds,
         )
 
 
@@ -87,6 +89,7 @@ class StepTimer:
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
         self._gc = gc_seconds()  # the collector's total when the previous update ended
+        self._catch_up = 0.0  # seconds of a catch-up before this update (not part of its gap)
 
     def start(self) -> None:
         """The step begins: its batch is here."""
@@ -133,7 +136,9 @@ class StepTimer:
             cpu_sync_seconds=cpu - self._cpu_compute,
             gap_seconds=self._gap,
             gc_seconds=gc_seconds() - self._gc,
+            catch_up_seconds=self._catch_up,
         )
+        self._catch_up = 0.0
         ran = self._queue.read() if self._queue else None  # since the last update ended (its gap too)
         if sat_out:
             return stats
@@ -157,9 +162,12 @@ class StepTimer:
         if self._queue:
             self._queue.read()
 
-    def done(self) -> None:
-        """The update is over (after a rebalance, if any): the next step's gap starts now."""
+    def done(self, catch_up: float = 0.0) -> None:
+        """The update is over (after a rebalance, if any): the next step's gap starts now.
+        ``catch_up``: seconds this rank just spent sending or receiving a state
+        (:mod:`bno_hvd.runtime.sitout`), logged apart from the gap."""
         self._last_end, self._gc = time.perf_counter(), gc_seconds()
+        self._catch_up += catch_up
 
     def cpu_share(self) -> float | None:
         """How much of the CPU this rank got of what it asked for over the recent updates (None

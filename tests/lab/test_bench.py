@@ -1,10 +1,15 @@
 """A short real multi-rank bench run: checks the output's structure (never its speed)."""
 
 import csv
+import dataclasses
 import json
 
 from support.checks import PNG_MAGIC, assert_png_drawing
 from support.jobs import assert_ok, bno_cmd, horovodrun
+
+from bno_hvd.lab.logread import read_steps
+from bno_hvd.lab.stalls import find_stalls, format_stalls
+from bno_hvd.runtime.records import UpdateRecord
 
 
 def test_bench_writes_table_json_csv_png(tmp_path):
@@ -70,6 +75,13 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         assert [(m["update"], m["sizes"]) for m in records[i]["moves"]] == changed
         if name == "bno":  # the paper's formula moves at every rebalance
             assert changed and f"update {changed[0][0]:>6}: {','.join(map(str, changed[0][1]))}" in proc.stdout
+    # the stalls of the timed updates, as the run's own logs give them (lab/stalls.py), one line each
+    for r in records:
+        run = out / "runs" / r["strategy"]
+        logged = [UpdateRecord.from_dict(json.loads(line)) for line in (run / "updates.jsonl").read_text().splitlines()]
+        steps, _ = read_steps(str(run / "ranks.json"))
+        assert r["stalls"] == [dataclasses.asdict(x) for x in find_stalls(logged, steps, warmup=4)]
+        assert f"  {r['strategy']}: {format_stalls(find_stalls(logged, steps, warmup=4))}" in proc.stdout
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [r["strategy"] for r in rows] == ["equal", "balanced", "bno", "fixed"]
     assert (out / "bench.png").read_bytes()[:8] == PNG_MAGIC

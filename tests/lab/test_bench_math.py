@@ -131,3 +131,33 @@ def test_moves_list_every_change_of_the_split_and_every_note():
     lines = format_moves(many, limit=5).splitlines()
     assert lines[:4] == [f"update {u:>6}: {u},{64 - u}" for u in range(4)]
     assert lines[4:] == ["... 15 more", "update     19: 19,45"]
+
+
+def test_a_stall_is_found_and_its_logged_cause_named():
+    from bno_hvd.lab.stalls import find_stalls, format_stalls
+
+    records, steps = [], [[] for _ in range(3)]
+    for u in range(40):
+        cycle = {10: 1.0, 20: 0.9, 30: 0.5, 35: 0.11}.get(u, 0.1)  # 35: slower, but not a stall
+        sizes = [10, 10, 0 if u == 19 else 10]
+        records.append(UpdateRecord(u, sizes, weight_update_time=cycle, global_batch=sum(sizes), time=u))
+        for r in range(3):
+            gc = 0.8 if (u, r) == (10, 1) else 0.0  # rank 1's garbage collector ran 0.8 s
+            catch_up = 0.75 if u == 20 and r in (0, 2) else 0.0  # rank 2 came back: rank 0 sent, it received
+            compute = 0.45 if (u, r) == (30, 2) else 0.05 + gc  # rank 2's quota ran out
+            sync = max(0.01, cycle - compute - catch_up)  # the others wait for the slowest
+            steps[r].append(RankStep(sizes[r], compute, sync=sync, gc=gc, catch_up=catch_up))
+    found = find_stalls(records, steps, warmup=5)
+    assert [(s.update, s.cause, s.rank, s.returned) for s in found] == [
+        (10, "gc", 1, None),
+        (20, "catch-up", 0, 2),
+        (30, "step", 2, None),
+    ]
+    assert found[0].median_seconds == pytest.approx(0.1) and found[0].cause_seconds == pytest.approx(0.8)
+    assert find_stalls(records, steps, warmup=25)[0].update == 30  # warm-up updates are not timed
+    assert format_stalls(found) == (
+        "3, 2.10 s over their medians: u10 1000 ms (median 100; gc of rank 1 800 ms), "
+        "u20 900 ms (median 100; catch-up of rank 0 750 ms, rank 2 back), "
+        "u30 500 ms (median 100; step of rank 2 400 ms)"
+    )
+    assert format_stalls([]) == "none"

@@ -58,6 +58,11 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
     assert mine["batch"] == [s[3] for s in sizes]
     # an update it sat out took it no compute (an emulated one of its samples takes 0.5 s)
     assert max(t for b, t in zip(mine["batch"], mine["compute"]) if b == 0) < 0.1
+    # the state it got when it came back is logged apart, by it and by rank 0 that sent it
+    back = [u for u in range(1, len(sizes)) if sizes[u - 1][3] == 0 and sizes[u][3] > 0]
+    zero = json.load(open(multi / "ranks.json"))["ranks"][0]
+    assert back and all(mine["catch_up"][u] > 0 and zero["catch_up"][u] > 0 for u in back), back
+    assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back)
 
     single = tmp_path / "single.pt"
     solo = bno_cmd("train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(single), *COMMON)

@@ -19,6 +19,7 @@ Results are labelled per profile: ``REAL`` (cgroup quotas, competing processes) 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -29,6 +30,7 @@ from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.common.atomic import write_json_atomic, write_text_atomic
 from bno_hvd.lab.confine import CGROUPS, CPUS
 from bno_hvd.lab.cpuquota import CpuQuotaGroup, find_place, start_reaper
+from bno_hvd.lab.pairing import comparison
 from bno_hvd.lab.suitetable import suite_markdown
 from bno_hvd.runtime.mpienv import mpi_env
 
@@ -268,13 +270,17 @@ def run_suite(profiles, out_dir: str, rounds: int, updates: int, warmup: int, st
 
 
 def profile_row(profile: Profile, bench: list[dict]) -> dict:
-    """One profile's summary: per strategy, its paired ratio to equal and to the best other, and of ideal."""
+    """One profile's summary: per strategy, its paired ratio to equal, to the best other of each
+    round and to the peer with the best median (lab/pairing.py), and of ideal."""
     strategies = {}
+    top = _top_peers(bench)
     for row in bench:
-        paired = row.get("paired") or {}
+        paired = dict(top.get(row["strategy"], {}), **(row.get("paired") or {}))
         strategies[row["strategy"]] = {
             "vs_equal": [paired.get("median"), paired.get("low"), paired.get("high")],
             "vs_best_other": paired.get("vs_best_peer", [None, None, None]),
+            "vs_top_peer": paired.get("vs_top_peer", [None, None, None]),
+            "top_peer": paired.get("top_peer"),
             "of_ideal": row.get("fraction_of_ideal"),
             "samples_per_s": row.get("samples_per_s"),
             "rates": paired.get("rates"),  # per round, for ratios between any two strategies
@@ -286,3 +292,32 @@ def profile_row(profile: Profile, bench: list[dict]) -> dict:
         "hand_split": hand_split(profile),
         "strategies": strategies,
     }
+
+
+def _top_peers(bench: list[dict]) -> dict:
+    """The comparison with the top peer, from the per-round rates, for a bench.json written before
+    bench reported it (an older suite re-tabled: :func:`retable`)."""
+    rates = {row["strategy"]: (row.get("paired") or {}).get("rates") for row in bench}
+    if "equal" not in rates or not all(rates.values()):
+        return {}
+    table = comparison({n: [math.nan if v is None else v for v in r] for n, r in rates.items()}, "equal")
+    return {n: {"vs_top_peer": t["vs_top_peer"], "top_peer": t["top_peer"]} for n, t in table.items()}
+
+
+def retable(out_dir: str) -> list[dict]:
+    """Write ``suite.json`` and ``suite.md`` again from the profiles' ``bench.json`` files in
+    ``out_dir`` (the suite's tables as this version makes them; the measurements are untouched):
+    ``python -m bno_hvd.lab.profiles DIR``."""
+    with open(os.path.join(out_dir, "suite.json")) as fh:
+        names = [row["profile"] for row in json.load(fh)]
+    rows = []
+    for name in names:
+        with open(os.path.join(out_dir, name, "bench.json")) as fh:
+            rows.append(profile_row(BY_NAME[name], json.load(fh)))
+    write_json_atomic(os.path.join(out_dir, "suite.json"), rows)
+    write_text_atomic(os.path.join(out_dir, "suite.md"), suite_markdown(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    retable(sys.argv[1])

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from bno_hvd.lab.pairing import block_rate, comparison, format_comparison, median_interval, paired_ratios, round_orders
@@ -52,3 +53,23 @@ def test_comparison_against_the_best_other_strategy_of_each_round():
     assert table["equal"]["median"] == 1.0
     text = format_comparison(table, "equal")
     assert "balanced" in text and "2.00 [" in text
+
+
+def test_the_best_other_of_each_round_is_strict_and_the_top_peer_is_not():
+    # seven strategies that run the same split: the same rate, each round's noise its own
+    names = ["equal", "balanced", "lbbsp", "proportional", "paramhub", "bno", "fixed"]
+    best, top = [], []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        rates = {n: list(100.0 * (1 + 0.05 * rng.standard_normal(8))) for n in names}
+        table = comparison(rates, "equal", seed=seed)
+        best.append(table["balanced"]["vs_best_peer"][0])
+        top.append(table["balanced"]["vs_top_peer"][0])
+        assert table["balanced"]["top_peer"] in set(names) - {"balanced"}
+    assert np.mean(best) < 0.95  # the maximum of six noisy rates beats the one that is as fast
+    assert 0.96 < np.mean(top) < 1.04
+    rates = {"equal": [100.0, 100.0], "balanced": [220.0, 180.0], "lbbsp": [200.0, 190.0], "bno": [150.0, 230.0]}
+    table = comparison(rates, "equal", seed=0)
+    assert table["balanced"]["top_peer"] == "lbbsp"  # median 1.95 x equal against bno's 1.90
+    assert table["balanced"]["vs_top_peer"][0] == pytest.approx((220 / 200 + 180 / 190) / 2)
+    assert "(lbbsp)" in format_comparison(table, "equal")

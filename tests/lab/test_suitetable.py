@@ -1,10 +1,15 @@
 """The suite's tables from profile rows: balanced against its peers (never its own variants), and
 the ablation table of balanced's variants, paired per round."""
 
+import json
+import pathlib
+import shutil
+
 import numpy as np
 import pytest
 
 from bno_hvd.lab.pairing import comparison
+from bno_hvd.lab.profiles import retable
 from bno_hvd.lab.suitetable import ablation_markdown, geometric_mean, suite_markdown
 
 
@@ -14,6 +19,8 @@ def row(name, rates):
         n: {
             "vs_equal": [t["median"], t["low"], t["high"]],
             "vs_best_other": t["vs_best_peer"],
+            "vs_top_peer": t["vs_top_peer"],
+            "top_peer": t["top_peer"],
             "of_ideal": 0.5,
             "rates": t["rates"],
         }
@@ -44,6 +51,10 @@ def test_suite_table_keeps_variants_out_and_the_ablation_table_pairs_them_with_b
     text = suite_markdown([row("p1", RATES), row("p2", RATES)])
     head = text.splitlines()[0]
     assert "balanced x equal" in head and "lbbsp x equal" in head and "pool_sigmas" not in head
+    assert head.endswith("| balanced / best other | balanced / top peer |")
+    p1 = next(x for x in text.splitlines() if x.startswith("| p1 (REAL) |"))
+    assert p1.endswith("(lbbsp) |")  # its only peer
+    assert "balanced / top peer: geometric mean of the medians" in text
     ablation = ablation_markdown([row("p1", RATES)])
     assert "balanced:deadband=0 / balanced" in ablation and "balanced:pool_sigmas=0 / balanced" in ablation
     line = next(x for x in ablation.splitlines() if x.startswith("| p1 (REAL) |"))  # labelled REAL / EMULATED
@@ -51,3 +62,22 @@ def test_suite_table_keeps_variants_out_and_the_ablation_table_pairs_them_with_b
     assert "geometric mean |" in ablation and ablation_markdown([row("p1", RATES), row("p2", RATES)]) in text
     assert ablation_markdown([row("p1", {k: v for k, v in RATES.items() if ":" not in k})]) == ""
     assert geometric_mean([1.0, 4.0, None]) == pytest.approx(2.0)
+
+
+def test_an_older_suite_is_retabled_from_its_own_rates(tmp_path):
+    # results/runq-both: bench.json files written before bench reported the top peer
+    source = pathlib.Path(__file__).parents[2] / "results" / "runq-both"
+    old = json.loads((source / "suite.json").read_text())
+    shutil.copy(source / "suite.json", tmp_path / "suite.json")
+    for row in old:
+        (tmp_path / row["profile"]).mkdir()
+        shutil.copy(source / row["profile"] / "bench.json", tmp_path / row["profile"] / "bench.json")
+    rows = retable(str(tmp_path))
+    assert [r["profile"] for r in rows] == [r["profile"] for r in old]
+    for new, was in zip(rows, old):
+        own = new["strategies"]["balanced"]
+        assert own["vs_best_other"] == was["strategies"]["balanced"]["vs_best_other"]  # measurements untouched
+        assert own["top_peer"] in set(new["strategies"]) - {"balanced", "balanced:sit_out=0"}
+        low, median = own["vs_top_peer"][1], own["vs_top_peer"][0]
+        assert low <= median and median >= own["vs_best_other"][0]  # never stricter than the best of each round
+    assert "| balanced / top peer |" in (tmp_path / "suite.md").read_text()

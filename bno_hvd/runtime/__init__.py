@@ -18,6 +18,7 @@ The drop-in surface for a Horovod script (nothing to call inside its loop): :mod
 
 Processes and devices: :mod:`.world` (MPI, then Horovod), :mod:`.gloo` (Horovod over Gloo in an
 MPI job), :mod:`.mpienv` (MPI settings in a rank), :mod:`.heap` (malloc thresholds),
+:mod:`.collector` (the setup kept out of Python's garbage collections),
 :mod:`.collectives` (waits that sleep), :mod:`.device` (CPU/GPU, ``--amp``).
 
 Text: :mod:`.tasks` (images or text: batches, loss, score), :mod:`.calibrate` (the cost of a

@@ -20,6 +20,7 @@ from bno_hvd.common.errors import TrainingError
 from bno_hvd.runtime.checkpoint import save_training_state
 from bno_hvd.runtime.clock import Stopwatch
 from bno_hvd.runtime.collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
+from bno_hvd.runtime.collector import hold_setup, release_setup
 from bno_hvd.runtime.components import Run, build_run, save_model
 from bno_hvd.runtime.records import RunResult, UpdateRecord, steps_to_json
 from bno_hvd.runtime.runstats import where_time_went
@@ -59,6 +60,8 @@ class Training:
         except BaseException:
             self.run.close()
             raise
+        hold_setup()  # the setup's objects stay out of the collections while it trains
+        self.holds = True
 
     @property
     def updates_done(self) -> int:
@@ -150,11 +153,16 @@ class Training:
             self.sit_out.catch_up()  # the final score is every rank's, with the final model
             return finish(self.run, self.clock, self.records, self.steps, self.evals, self.out, self.alone)
         finally:
-            self.run.close()
+            self.close()
 
     def close(self) -> None:
-        """Close without results (after a failure)."""
-        self.run.close()
+        """Close (without results after a failure); the setup's objects go back to the collector."""
+        try:
+            self.run.close()
+        finally:
+            if self.holds:
+                self.holds = False
+                release_setup()
 
 
 def set_lr(optimizer, lr: float) -> float:

@@ -19,7 +19,6 @@ Usage (what :class:`bno_hvd.runtime.balancer.Balancer` does)::
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bno_hvd.allocation.throughput import StepWindow
+from bno_hvd.runtime.collector import gc_seconds
 from bno_hvd.runtime.records import RankStep
 
 
@@ -236,23 +236,3 @@ class RunQueue:
         ran = sum(r - last.get(t, (0, 0))[0] for t, (r, _) in now.items())
         waited = sum(w - last.get(t, (0, 0))[1] for t, (_, w) in now.items())
         return ran / 1e9, waited / 1e9
-
-
-_collecting = [0.0, None]  # seconds in the collector so far, and when the running collection started
-
-
-def _collector(phase: str, info: dict) -> None:
-    if phase == "start":
-        _collecting[1] = time.perf_counter()
-    elif _collecting[1] is not None:
-        _collecting[0] += time.perf_counter() - _collecting[1]
-        _collecting[1] = None
-
-
-def gc_seconds() -> float:
-    """Seconds this process has spent in Python's garbage collector since the first call (every
-    thread's collections: ``gc.callbacks``). A full collection walks every object the process
-    holds; on a rank at a fraction of a core it can stall one update for seconds."""
-    if _collector not in gc.callbacks:
-        gc.callbacks.append(_collector)
-    return _collecting[0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -203,7 +204,9 @@ class RunQueue:
     and waited 1.81 s; a sleep adds neither; BENCHMARKS.md 14.6)."""
 
     def __init__(self):
-        self._files: dict = {}  # tid -> its schedstat, kept open: re-read in place every update
+        self._fds: dict[str, int] = {}  # tid -> its schedstat, kept open: re-read in place every update
+        # closed when the reader is dropped, however it is (raw descriptors: no ResourceWarning)
+        self._closer = weakref.finalize(self, _close_all, self._fds)
         self._last = self._threads()
 
     def _threads(self) -> dict[str, tuple[int, int]] | None:
@@ -211,20 +214,24 @@ class RunQueue:
             tids = os.listdir("/proc/self/task")
         except OSError:
             return None
-        for tid in set(self._files) - set(tids):  # threads that ended
-            self._files.pop(tid).close()
+        for tid in set(self._fds) - set(tids):  # threads that ended
+            os.close(self._fds.pop(tid))
         seen = {}
         for tid in tids:
             try:
-                if tid not in self._files:
-                    self._files[tid] = open(f"/proc/self/task/{tid}/schedstat", "rb", buffering=0)
-                ran, waited = os.pread(self._files[tid].fileno(), 128, 0).split()[:2]
+                if tid not in self._fds:
+                    self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                ran, waited = os.pread(self._fds[tid], 128, 0).split()[:2]
             except (OSError, ValueError):  # the thread has just ended
-                if tid in self._files:
-                    self._files.pop(tid).close()
+                if tid in self._fds:
+                    os.close(self._fds.pop(tid))
                 continue
             seen[tid] = (int(ran), int(waited))
         return seen or None
+
+    def close(self) -> None:
+        """Close every thread's schedstat now (also done when the reader is garbage)."""
+        self._closer()
 
     def read(self) -> tuple[float, float] | None:
         """(seconds run, seconds waiting) of every thread since the last read (None: no schedstat).
@@ -236,3 +243,12 @@ class RunQueue:
         ran = sum(r - last.get(t, (0, 0))[0] for t, (r, _) in now.items())
         waited = sum(w - last.get(t, (0, 0))[1] for t, (_, w) in now.items())
         return ran / 1e9, waited / 1e9
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()

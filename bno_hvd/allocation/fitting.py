@@ -1,8 +1,9 @@
 """The model behind ``balanced``: fit each rank's step time, split a global batch so ranks finish together.
 
 :func:`fit_affine` fits ``t = a * passes(b) + c * b`` to a rank's recent (batch, seconds) pairs
-(``passes`` = micro-batches under a memory cap, 1 without), :func:`fit_noise` says how far that
-fit can be trusted, :func:`solve_equal_finish` finds the real batch sizes whose predicted times
+(``passes`` = micro-batches under a memory cap, 1 without), :func:`fit_joint` fits ranks with
+the same limit together, :func:`fit_noise` says how far that fit can be trusted,
+:func:`solve_equal_finish` finds the real batch sizes whose predicted times
 (plus per-rank offsets) are equal. :mod:`bno_hvd.allocation.balanced` decides when to use them.
 """
 
@@ -75,6 +76,49 @@ def _slope_resolved(x: np.ndarray, t: np.ndarray, a: float, c: float, max_rel_er
     except np.linalg.LinAlgError:
         return False
     return math.sqrt(max(var_c, 0.0)) <= max_rel_error * c
+
+
+def fit_joint(windows, window: int, cap, sigmas: float) -> tuple[tuple[float, float] | None, list[int]]:
+    """One affine fit over the steps of several ranks known to run at one speed (the same CPU
+    limit and memory cap), and the ranks it holds for.
+
+    A rank held at one batch size cannot resolve its fixed cost alone: its fit through the origin
+    charges the fixed cost per sample, so of two equal ranks the one with fewer samples looks
+    slower per sample and is given fewer again (seen: 47,32,47 on three equal limits at a 100 ms
+    CFS period, each fit 15-20% apart). Their steps together span several sizes, which resolves
+    it. A rank whose mean residual from the joint fit is beyond ``sigmas`` standard errors of its
+    own steps is really different (another process on its core): it is left out, the worst
+    first, and the rest refitted. Returns ``(None, [])`` when the steps span one size, or the fit
+    does not resolve a fixed cost, or fewer than two ranks agree: their own fits stand then.
+    (``windows``: each rank's recent ``(batch, seconds)``; ``window``: how many of each count.)"""
+    own = {}
+    for i, samples in enumerate(windows):
+        pts = [
+            (float(b), float(t))
+            for b, t in list(samples)[-window:]
+            if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
+        ]
+        if pts:
+            own[i] = np.array(pts)
+    members = sorted(own)
+    while len(members) >= 2:
+        union = np.concatenate([own[i] for i in members])
+        if len(set(union[:, 0].tolist())) < 2:
+            return None, []
+        a, c = fit_affine([tuple(p) for p in union], len(union), cap)
+        if a <= 0:
+            return None, []
+        excess = {}
+        for i in members:
+            b, t = own[i][:, 0], own[i][:, 1]
+            resid = t - (a * passes(b, cap) + c * b)
+            se = float(resid.std(ddof=1)) / math.sqrt(len(t)) if len(t) > 1 else math.inf
+            excess[i] = abs(float(resid.mean())) - sigmas * se
+        worst = max(members, key=lambda i: excess[i])
+        if excess[worst] <= 0:
+            return (float(a), float(c)), members
+        members.remove(worst)
+    return None, []
 
 
 def fit_noise(samples, window: int, cap, a: float, c: float) -> float:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 
-def arrival_penalties(sync_samples, min_count: int = 3, sigmas: float = 2.0) -> np.ndarray:
+def arrival_penalties(sync_samples, sigmas: float = 2.0) -> np.ndarray:
     """Seconds each rank adds to the allreduce when it is the last to arrive (NaN: not seen often
     enough to tell), from every rank's recent ``(update, sync seconds)``.
 
@@ -31,7 +31,7 @@ def arrival_penalties(sync_samples, min_count: int = 3, sigmas: float = 2.0) -> 
     ``arrival_window`` updates, since each rank is last in only about 1/N of them.
     """
     rows = list(complete_rows(sync_samples).values())
-    return penalties_from_rows(np.array(rows).reshape(-1, len(sync_samples)), min_count, sigmas)
+    return penalties_from_rows(np.array(rows).reshape(-1, len(sync_samples)), sigmas)
 
 
 def complete_rows(sync_samples) -> dict[int, list[float]]:
@@ -45,21 +45,27 @@ def complete_rows(sync_samples) -> dict[int, list[float]]:
     return {u: [v[r] for r in range(n)] for u, v in by_update.items() if len(v) == n}
 
 
-def penalties_from_rows(sync: np.ndarray, min_count: int = 3, sigmas: float = 2.0) -> np.ndarray:
-    """:func:`arrival_penalties` from an (updates x ranks) array of sync seconds."""
+def penalties_from_rows(sync: np.ndarray, sigmas: float = 2.0) -> np.ndarray:
+    """:func:`arrival_penalties` from an (updates x ranks) array of sync seconds.
+
+    A rank last in only one update (or in all but one) has no spread to judge a difference by:
+    its penalty is 0. (A minimum count of 3 before any penalty paid on no REAL profile and was
+    removed: BENCHMARKS.md 14.10.)"""
     n = sync.shape[1]
     out = np.full(n, np.nan)
-    if n < 2 or sync.shape[0] < 2 * min_count:
+    if n < 2 or sync.shape[0] < 2:
         return out
     allreduce, last = sync.min(axis=1), sync.argmin(axis=1)
     for i in range(n):
         mine = last == i
-        if mine.sum() >= min_count and (~mine).sum() >= min_count:
+        if mine.sum() >= 2 and (~mine).sum() >= 2:
             own, others = allreduce[mine], allreduce[~mine]
             # Welch's standard error of the difference of the means; throttling makes the
             # allreduce bimodal (a quota period hit or not), so medians of small groups jump
             se = math.sqrt(own.var(ddof=1) / own.size + others.var(ddof=1) / others.size)
             out[i] = max(0.0, float(own.mean() - others.mean()) - sigmas * se)
+        elif mine.any() and (~mine).any():
+            out[i] = 0.0
     return out
 
 

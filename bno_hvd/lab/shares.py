@@ -72,12 +72,17 @@ def profile_shares(updates: list[dict], groups: list[list[int]]) -> dict:
 
 
 def report(suite_dir: str) -> list[str]:
-    """One line per REAL profile with same-limit ranks in ``suite_dir`` (its ``balanced-updates.jsonl``)."""
+    """One line per REAL profile with same-limit ranks in ``suite_dir`` (``balanced``'s updates.jsonl)."""
     lines = []
     for name in sorted(os.listdir(suite_dir)):
-        path = os.path.join(suite_dir, name, "balanced-updates.jsonl")
+        # the run's own log, or the copy kept in results/ (runs/ is not committed)
+        paths = [
+            os.path.join(suite_dir, name, *p)
+            for p in (("runs", "balanced", "updates.jsonl"), ("balanced-updates.jsonl",))
+        ]
+        path = next((p for p in paths if os.path.exists(p)), None)
         groups = same_limit_groups(BY_NAME[name]) if name in BY_NAME else []
-        if not groups or not os.path.exists(path):
+        if not groups or path is None:
             continue
         with open(path) as fh:
             s = profile_shares([json.loads(line) for line in fh if line.strip()], groups)

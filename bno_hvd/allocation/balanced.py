@@ -54,8 +54,8 @@ Pooling. Ranks whose predicted times at the mean share differ by less than ``poo
 standard errors of their fits (default: ``noise_sigmas``; 0 disables) share one fit, their mean
 (:func:`~bno_hvd.allocation.fitting.pool_indistinguishable`): ranks with the same limit get the
 same share: a split the deadband keeps is evened out within each group (:func:`even_out`).
-Ranks under one CPU limit are first fitted together (:meth:`_joint_fits`,
-:func:`~bno_hvd.allocation.fitting.fit_joint`): one rank held at one size cannot resolve its
+Ranks under one CPU limit are first fitted together
+(:func:`~bno_hvd.allocation.fitting.joint_fits`): one rank held at one size cannot resolve its
 fixed cost, and its fit through the origin makes the rank with fewer samples look slower per
 sample (47,32,47 at a 100 ms CFS period); their steps together span several sizes. A rank whose
 steps differ from the joint fit beyond ``pool_sigmas`` standard errors keeps its own fit.
@@ -67,11 +67,13 @@ network therefore changes nothing, nor does a starved rank to the ranks that pin
 
 Stability. The fitted ``(a_i, c_i)`` (over the last ``window`` steps, default 16) are smoothed
 across rebalances by an exponential moving average (option ``smoothing`` = weight of the previous
-fit, default 0.5; 0 = no smoothing; a limit that drops is smoothed too: its throttle charge, not
-the fit, holds the rank small at once, BENCHMARKS.md 14.10) and a deadband (option
-``deadband``, default 0.05) keeps ``current`` unless the new split is predicted to shorten the
-step - the slowest rank's ``a_i + c_i * b_i`` - by more than that fraction, and by more than
-``noise_sigmas`` times the fits' relative standard error (``deadband=0`` disables both). Under
+fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample changes by more than
+option ``jump`` (default 1.5x) and by more than its measurement noise, which is taken at once (a
+rank back from sitting out at 50x its old speed would otherwise look slow for five intervals and
+sit out again, BENCHMARKS.md 14.11) - and a deadband (option ``deadband``, default 0.05) keeps
+``current`` unless the new split is predicted to shorten the step - the slowest rank's ``a_i +
+c_i * b_i`` - by more than that fraction, and by more than ``noise_sigmas`` times the fits'
+relative standard error (``deadband=0`` disables both). Under
 CPU quotas single steps jitter by up to a quota period; the noise term keeps equal ranks from
 trading samples on that jitter (Greyhound's rule: rebalance only when it pays). By default it
 grows with N (:func:`sigmas_for`: 2.24 for 4 ranks): the predicted gain follows the largest of
@@ -88,8 +90,8 @@ import numpy as np
 
 from bno_hvd.allocation.fitting import (
     fit_affine,
-    fit_joint,
     fit_noise,
+    joint_fits,
     passes,
     pool_indistinguishable,
     predicted_step,
@@ -138,6 +140,7 @@ class BalancedStrategy(Strategy):
         "sit_out": 4,  # rebalances a rank that costs more than it adds stays out; 0: never sits out
         "pool_sigmas": None,  # None: noise_sigmas; ranks whose fits differ by less share one; 0: never
         "starved_share": 0.5,  # a rank with less CPU share than this of the others' is tried out; 0: never
+        "jump": 1.5,  # a cost per sample that moved by more than this factor is taken at once, not smoothed
     }
 
     def __init__(self, *args, **kwargs):
@@ -161,6 +164,7 @@ class BalancedStrategy(Strategy):
         if isinstance(o["sit_out"], bool) or not isinstance(o["sit_out"], int) or o["sit_out"] < 0:
             raise UsageError(f"balanced sit_out must be an integer >= 0 (0: never), got {o['sit_out']!r}")
         _check_range("starved_share", o["starved_share"], 0.0, 1.0, "of the others' CPU share; 0 disables")
+        _check_range("jump", o["jump"], 1.0, math.inf, "factor; 1 takes every change at once")
         for key in ("window", "arrival_window"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not 1 <= o[key] <= 10**6:
                 raise UsageError(f"balanced {key} must be an integer in [1, 1000000], got {o[key]!r}")
@@ -187,7 +191,14 @@ class BalancedStrategy(Strategy):
         new = np.isfinite(c_fit)
         had = np.isfinite(self.c)
         s = float(self.options["smoothing"])
-        both, first = new & had, new & ~had
+        # A rank whose fitted cost per sample moved by more than `jump` (x1.5 either way), and by
+        # more than its measurement noise, has really changed (a neighbour left, a rank is back from
+        # sitting out at a new speed): take the new fit at once instead of smoothing towards it.
+        ratio = np.where(new & had, c_fit / np.where(had, self.c, 1.0), 1.0)
+        beyond_noise = np.abs(np.log(ratio)) > 1.5 * self.sigmas * self.noise
+        jump = float(self.options["jump"])
+        jumped = new & had & ((ratio > jump) | (ratio < 1 / jump)) & beyond_noise
+        both, first = new & had & ~jumped, (new & ~had) | jumped
         self.a[both] = s * self.a[both] + (1 - s) * a_fit[both]
         self.c[both] = s * self.c[both] + (1 - s) * c_fit[both]
         self.a[first], self.c[first] = a_fit[first], c_fit[first]
@@ -255,7 +266,7 @@ class BalancedStrategy(Strategy):
         a = np.full(self.n_ranks, np.nan)
         c = np.full(self.n_ranks, np.nan)
         noise = np.zeros(self.n_ranks)
-        joint = self._joint_fits(metrics, kinds)
+        joint = joint_fits(metrics.compute_samples, kinds, metrics.max_batch, window, self.pool_sigmas)
         for i, (samples, cap) in enumerate(zip(metrics.compute_samples, metrics.max_batch)):
             fit = joint.get(i) or fit_affine(samples, window, cap)
             if fit is None:
@@ -277,23 +288,6 @@ class BalancedStrategy(Strategy):
         a[use_ops] = 0.0
         c[use_ops] = 1.0 / ops[use_ops]
         return a, c, noise
-
-    def _joint_fits(self, metrics: ClusterMetrics, kinds: np.ndarray) -> dict[int, tuple[float, float]]:
-        """Ranks under the same CPU limit (and memory cap) fitted together (:func:`fit_joint`):
-        their steps at different sizes resolve the fixed cost that one rank's single size cannot.
-        Ranks without a limit that binds are never grouped: nothing says they run at one speed."""
-        groups: dict[tuple, list[int]] = {}
-        for i, (kind, cap) in enumerate(zip(kinds, metrics.max_batch)):
-            if np.isfinite(kind):
-                groups.setdefault((float(kind), cap), []).append(i)
-        out = {}
-        for (_, cap), ranks in groups.items():
-            if len(ranks) < 2:
-                continue
-            windows = [metrics.compute_samples[i] for i in ranks]
-            fit, members = fit_joint(windows, int(self.options["window"]), cap, self.pool_sigmas)
-            out.update({ranks[m]: fit for m in members})
-        return out
 
     def _within_deadband(self, sizes: list[int], current: list[int], model) -> bool:
         """True when moving to ``sizes`` is predicted to gain less than ``deadband`` of the step,

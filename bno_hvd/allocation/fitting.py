@@ -121,6 +121,22 @@ def fit_joint(windows, window: int, cap, sigmas: float) -> tuple[tuple[float, fl
     return None, []
 
 
+def joint_fits(compute_samples, kinds, caps, window: int, sigmas: float) -> dict[int, tuple[float, float]]:
+    """``{rank: (a, c)}`` for the ranks :func:`fit_joint` fits together: those of one finite
+    ``kind`` (their CPU limit) and one memory cap. Ranks without a limit that binds (``kind``
+    inf) are never grouped: nothing says they run at one speed."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (kind, cap) in enumerate(zip(kinds, caps)):
+        if np.isfinite(kind):
+            groups.setdefault((float(kind), cap), []).append(i)
+    out = {}
+    for (_, cap), ranks in groups.items():
+        if len(ranks) > 1:
+            fit, members = fit_joint([compute_samples[i] for i in ranks], window, cap, sigmas)
+            out.update({ranks[m]: fit for m in members})
+    return out
+
+
 def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
     """Relative standard error of a fit's mean predicted time: the residuals' spread over the
     window, divided by sqrt(n) and by the mean time. Under a CPU quota single steps jitter by up

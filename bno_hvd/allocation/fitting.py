@@ -26,6 +26,15 @@ def passes(b, cap):
     return np.where(np.isfinite(cap), np.ceil(b / np.where(np.isfinite(cap), cap, 1.0)), 1.0)
 
 
+def valid_points(samples, window: int) -> list[tuple[float, float]]:
+    """The last ``window`` ``(batch, seconds)`` pairs with a finite, positive batch and time."""
+    return [
+        (float(b), float(t))
+        for b, t in list(samples)[-window:]
+        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
+    ]
+
+
 def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float, float] | None:
     """Least-squares ``(a, c)`` for ``t = a * passes(b) + c * b`` over the last ``window`` (b, t) pairs.
 
@@ -35,11 +44,7 @@ def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float,
     a non-finite or non-positive value, and outliers (time per sample more than 2x from the
     window's median), are ignored; returns None if none remain.
     """
-    pts = [
-        (float(b), float(t))
-        for b, t in list(samples)[-window:]
-        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
-    ]
+    pts = valid_points(samples, window)
     if not pts:
         return None
     # A machine-wide hiccup (page faults, a noisy neighbour) can make one step several times
@@ -93,11 +98,7 @@ def fit_joint(windows, window: int, cap, sigmas: float) -> tuple[tuple[float, fl
     (``windows``: each rank's recent ``(batch, seconds)``; ``window``: how many of each count.)"""
     own = {}
     for i, samples in enumerate(windows):
-        pts = [
-            (float(b), float(t))
-            for b, t in list(samples)[-window:]
-            if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
-        ]
+        pts = valid_points(samples, window)
         if pts:
             own[i] = np.array(pts)
     members = sorted(own)
@@ -142,11 +143,7 @@ def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
     window, divided by sqrt(n) and by the mean time. Under a CPU quota single steps jitter by up
     to a quota period (measured: 30-50% of a step), so a fit of 8 steps can be 15% off; moves
     smaller than that noise would only chase it."""
-    pts = [
-        (float(b), float(t))
-        for b, t in list(samples)[-window:]
-        if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
-    ]
+    pts = valid_points(samples, window)
     if len(pts) < 3:
         return 0.0
     b = np.array([p[0] for p in pts])

@@ -263,9 +263,9 @@ def test_experiment_summary_accuracy_and_balance(tiny_experiment):
         hit = next((e for e in r["evals"] if e["accuracy"] >= 0.2), None)
         assert r["time_to_accuracy_s"] == (hit["time"] if hit else None)
     # the two figures beside samples/s, as bench computes them from the run's own logs
+    rank_steps = {n: steps_from_json(json.loads((out / "runs" / "cnn" / n / "ranks.json").read_text())) for n in runs}
     for name, r in runs.items():
-        path = str(out / "runs" / "cnn" / name)
-        steps = steps_from_json(json.loads((out / "runs" / "cnn" / name / "ranks.json").read_text()))
+        path, steps = str(out / "runs" / "cnn" / name), rank_steps[name]
         assert r["compute_balance"] == pytest.approx(compute_balance(steps))
         assert r["outside_compute_share"] == pytest.approx(outside_compute_share(read_updates(path), steps))
         assert 0 < r["compute_balance"] <= 1 and 0 <= r["outside_compute_share"] < 1
@@ -276,12 +276,11 @@ def test_experiment_summary_accuracy_and_balance(tiny_experiment):
     # rank's core, that rank gets half the others' CPU and is tried out for an interval (seen in
     # a fresh-clone run: 21,11 then 32,0 at update 15); that interval measures, it does not split.
     per_update = {}
-    for name in runs:
-        steps = steps_from_json(json.loads((out / "runs" / "cnn" / name / "ranks.json").read_text()))
-        compute = np.array([[s.compute for s in r[5:]] for r in steps])
+    for name, steps in rank_steps.items():
         everyone = (np.array([[s.batch for s in r[5:]] for r in steps]) > 0).all(axis=0)
         assert everyone.sum() >= 5, everyone  # at most one interval of the three is a trial
-        per_update[name] = compute[:, everyone].mean(axis=0) / compute[:, everyone].max(axis=0)
+        compute = np.array([[s.compute for s in r[5:]] for r in steps])[:, everyone]
+        per_update[name] = compute.mean(axis=0) / compute.max(axis=0)
     gain = per_update["balanced"].mean() - per_update["equal"].mean()
     noise = math.hypot(*(v.std(ddof=1) / math.sqrt(v.size) for v in per_update.values()))
     assert gain > 3 * noise, (gain, noise)

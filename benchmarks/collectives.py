@@ -18,7 +18,7 @@ import tempfile
 
 from bno_hvd.cli.launching import mpirun_command
 from bno_hvd.lab.pairing import median_interval
-from bno_hvd.runtime.mpienv import mpi_env
+from bno_hvd.processes.mpienv import mpi_env
 
 
 def one_job(collectives: str, updates: int, extra: list[str]) -> float:

@@ -1,7 +1,7 @@
 """How well does a sequence's cost follow per-sequence, per-token and per-squared-length terms?
 
 Fits :class:`bno_hvd.allocation.costmodel.SequenceCost` the way a run does at start-up
-(:func:`bno_hvd.runtime.calibrate.measure`: lengths 8..max, two batch sizes each, the fastest of 5
+(:func:`bno_hvd.training.calibrate.measure`: lengths 8..max, two batch sizes each, the fastest of 5
 interleaved rounds), then measures passes at every length of a finer sweep (tokens per pass held
 near ``--tokens``) and prints the fit's prediction, the measurement and the relative error at
 each, with the same for a model of tokens alone (what ``--allocate-by tokens`` assumes). One
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from bno_hvd.allocation.costmodel import fit_sequence_cost
 from bno_hvd.data.gpt import GPTMini
-from bno_hvd.runtime.calibrate import measure
+from bno_hvd.training.calibrate import measure
 
 
 def time_pass(model, tokens, rounds: int) -> float:

@@ -1,6 +1,6 @@
 """What Horovod's background loop costs a rank that does nothing (BENCHMARKS.md 9.8).
 
-Every rank starts MPI and Horovod the way bno-hvd does (``bno_hvd.runtime.world.init_world``), does one
+Every rank starts MPI and Horovod the way bno-hvd does (``bno_hvd.processes.world.init_world``), does one
 allreduce, sleeps, and prints the CPU its process used while asleep as a share of one core. Horovod
 negotiates once per cycle (``HOROVOD_CYCLE_TIME``, 1 ms by default) even with nothing to reduce,
 and on a rank with a CPU quota that CPU comes out of the same budget as the model's.
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from bno_hvd.runtime.world import init_world
+from bno_hvd.processes.world import init_world
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ def rank_main(updates: int, batch: int, warmup: int) -> None:
     from bno_hvd import Balancer, make_strategy
     from bno_hvd.data.images import load_dataset
     from bno_hvd.data.models import build_model
-    from bno_hvd.runtime.collectives import wait_for_allreduce
+    from bno_hvd.processes.collectives import wait_for_allreduce
 
     hvd.init()
     torch.set_num_threads(1)

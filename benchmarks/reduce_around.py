@@ -19,8 +19,8 @@ from mpi4py import MPI
 
 from bno_hvd.common.parsing import RankSchedule
 from bno_hvd.lab.cpuquota import CpuQuotaHook, parse_quotas
-from bno_hvd.runtime.collectives import wait_handles
-from bno_hvd.runtime.gloo import init_gloo_env
+from bno_hvd.processes.collectives import wait_handles
+from bno_hvd.processes.gloo import init_gloo_env
 
 CNN_PARAMETERS = 215_370  # bno-hvd's baseline CNN on 28x28 images
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from bno_hvd.cli.launching import mpi_env, mpirun
-from bno_hvd.runtime.control.schedule import rounds_for_refresh
+from bno_hvd.library.control.schedule import rounds_for_refresh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

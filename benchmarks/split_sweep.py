@@ -24,8 +24,8 @@ from bno_hvd.common.parsing import RankSchedule, parse_int_list
 from bno_hvd.data.images import load_dataset
 from bno_hvd.data.models import build_model
 from bno_hvd.lab.cpuquota import CpuQuotaHook, parse_quotas
-from bno_hvd.runtime.collectives import LossSum, wait_for_allreduce
-from bno_hvd.runtime.world import init_world
+from bno_hvd.processes.collectives import LossSum, wait_for_allreduce
+from bno_hvd.processes.world import init_world
 
 
 def main() -> None:

@@ -17,8 +17,12 @@ The package is built in wings; each wing's ``__init__`` says what it holds and w
 - :mod:`bno_hvd.allocation` - THE METHOD: strategies, fits, plans, the sample stream, loss weights
                               (pure: no MPI, no Horovod, no torch, no clock)
 - :mod:`bno_hvd.data`       - DATA AND MODELS: datasets, torchvision and users' models
-- :mod:`bno_hvd.runtime`    - RUNS THE METHOD: MPI and Horovod, the control plane, the Balancer,
-                              the DataLoader, checkpoints, devices, the training loop
+- :mod:`bno_hvd.processes`  - PROCESS PLUMBING: MPI then Horovod start-up, Gloo, MPI settings,
+                              heap, garbage collector, sleeping waits, devices, CPU limits
+- :mod:`bno_hvd.library`    - THE LIBRARY a script imports: the Balancer, its control plane, the
+                              DataLoader, the drop-in for Horovod scripts, exact dropout
+- :mod:`bno_hvd.training`   - THE ``bno-hvd train`` APPLICATION: config, the loop, hooks, tasks,
+                              checkpoints, what a run writes (logs, TensorBoard)
 - :mod:`bno_hvd.lab`        - THE LABORATORY: emulation, CPU quotas, faults, benchmarks,
                               experiments, reports (enters a run only through a plugin)
 - :mod:`bno_hvd.cli`        - THE COMMAND LINE: commands, flags, console, hostfiles, launching
@@ -36,13 +40,14 @@ _EXPORTS = {
     "common.errors": ("TrainingError", "UsageError"),
     "data.models": ("build_model",),
     "lab.emulation": ("DeviceEmulator",),
-    "runtime.balancer": ("Balancer", "Step", "StepStats"),
-    "runtime.control.monitor": ("MetricsMonitor",),
-    "runtime.dropin": ("DataLoader", "DistributedOptimizer"),
-    "runtime.dropout": ("exact_dropout",),
-    "runtime.hooks": ("Hook", "Plugin"),
-    "runtime.loader": ("Batch",),
-    "runtime.records": ("RankStep", "UpdateRecord"),
+    "library.balancer": ("Balancer", "Step", "StepStats"),
+    "library.control.monitor": ("MetricsMonitor",),
+    "library.dropin": ("DataLoader", "DistributedOptimizer"),
+    "library.dropout": ("exact_dropout",),
+    "library.loader": ("Batch",),
+    "library.timing": ("RankStep",),
+    "training.hooks": ("Hook", "Plugin"),
+    "training.results": ("UpdateRecord",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE) + ["__version__"]

@@ -5,7 +5,7 @@ a CNN with two dropouts, a train and a test function, the test split cut by Dist
 and its metrics averaged over the ranks, the learning rate times the number of ranks, rank 0's
 parameters and optimizer state broadcast to all. Every line of the port ends in a "# bno-hvd:"
 comment that says what the plain Horovod line was ("was <line>") or that it is new ("added");
-putting those lines back gives the plain script, which tests/runtime/test_horovod_port.py builds
+putting those lines back gives the plain script, which tests/library/test_horovod_port.py builds
 and runs. Lines marked "# offline" read Fashion-MNIST from local files (nothing is downloaded).
 Trains on the CPU:
 

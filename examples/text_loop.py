@@ -9,7 +9,7 @@ from bno_hvd import Balancer, make_strategy
 from bno_hvd.allocation.costmodel import UNITS, work_per_sequence
 from bno_hvd.data.gpt import GPTMini
 from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets, load_text_datasets
-from bno_hvd.runtime.calibrate import calibrate
+from bno_hvd.training.calibrate import calibrate
 
 hvd.init()
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
 - at most 10 entries at the top of bno_hvd/, one wing per role;
 - every wing's ``__init__`` docstring says what it holds and what it may import, and the imports
-  keep to it (the production path - common, allocation, data, runtime - never imports the lab
+  keep to it (the production path - common, allocation, data, processes, library, training - never imports the lab
   or the CLI; the method is pure);
 - no module name used twice in the package; no file over 350 lines (package, tests, examples,
   benchmarks); no function over complexity 15 (ruff C901, which the test command runs).
@@ -22,9 +22,11 @@ MAY_IMPORT = {
     "common": set(),
     "allocation": {"common"},
     "data": {"common"},
-    "runtime": {"common", "allocation", "data"},
-    "lab": {"common", "allocation", "data", "runtime"},
-    "cli": {"common", "allocation", "data", "runtime", "lab"},
+    "processes": {"common"},
+    "library": {"common", "allocation", "data", "processes"},
+    "training": {"common", "allocation", "data", "processes", "library"},
+    "lab": {"common", "allocation", "data", "processes", "library", "training"},
+    "cli": {"common", "allocation", "data", "processes", "library", "training", "lab"},
 }
 # the method is pure: no MPI, no Horovod, no torch, no clock
 NOT_IN_THE_METHOD = {"mpi4py", "horovod", "torch", "torchvision", "time"}

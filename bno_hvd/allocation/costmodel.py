@@ -5,7 +5,7 @@ longest, ``L``, costs about ``n * (s + t * L + q * L^2)`` seconds: ``s`` per seq
 kernels, the loss), ``t`` per token (embeddings, the MLP, the projections: linear in L), ``q`` per
 squared length (attention's scores: L x L per head). :func:`fit_sequence_cost` fits the three
 terms, plus a fixed cost per pass, to measured passes (a sweep of lengths at start-up,
-:mod:`bno_hvd.runtime.calibrate`) by non-negative least squares, and reports the fit's relative
+:mod:`bno_hvd.training.calibrate`) by non-negative least squares, and reports the fit's relative
 error on every point of the sweep.
 
 The allocation then counts *work*: a sequence's cost divided by the mean cost of a training

@@ -12,7 +12,7 @@ slice that starts at ``sum(batch_sizes[:r])``. Hence:
 
 The sampler's position (``epoch``, ``offset``) is where the next update to run starts; it is
 part of the training state (checkpoints). A DataLoader reads ahead of it with :meth:`slice_at`
-(see :mod:`bno_hvd.runtime.loader`); only finished updates move it (:meth:`advance`).
+(see :mod:`bno_hvd.library.loader`); only finished updates move it (:meth:`advance`).
 
 Samples of their own lengths (token sequences): with ``lengths`` (one number per sample, e.g.
 its tokens), a rank's slice is the same set of samples, ordered by length (shortest first,

@@ -19,7 +19,7 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
   of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
   21,11 then took 224 ms; BENCHMARKS.md 14.6). A rank that is not runnable (waiting for its
   device, a slower GPU or an EMULATED one, or with less work) is not starved
-  (:meth:`bno_hvd.runtime.timing.StepTimer.cpu_share`). A trial
+  (:meth:`bno_hvd.library.timing.StepTimer.cpu_share`). A trial
   that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
   nor is a rank tried out within that long after it came back, nor one whose fit is gone (its
   limit rose: it is measured at its share first).

@@ -4,7 +4,7 @@ Each rank computes the mean loss over its ``n_r`` samples. Scaling it by ``n_r /
 and summing the gradients over ranks (Horovod allreduce, ``op=Sum``) gives exactly the mean
 gradient over the whole global batch - the update one process would compute on it.
 (Horovod's ``prescale_factor`` must be equal on every rank, so the weight goes into the loss, or
-into each rank's gradient before the allreduce: :mod:`bno_hvd.runtime.dropin`.)
+into each rank's gradient before the allreduce: :mod:`bno_hvd.library.dropin`.)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """THE COMMAND LINE: the ``bno-hvd`` commands, their flags, the console a job's output goes
 through, hostfiles and the mpirun command line.
 
-May import every wing (common, allocation, data, runtime, lab): this is where a user's flags
-become a :class:`~bno_hvd.runtime.config.TrainConfig` and a run, and where lab behaviour
-(emulation, CPU quotas, faults) is plugged into the runtime. Nothing imports the CLI.
+May import every wing (common, allocation, data, processes, library, training, lab): this is where a user's flags
+become a :class:`~bno_hvd.training.config.TrainConfig` and a run, and where lab behaviour
+(emulation, CPU quotas, faults) is plugged into a training run. Nothing imports the CLI.
 
 - :mod:`.main` - the click group (``bno-hvd``), one error line per user error
 - :mod:`.flags` - the flags train, bench and experiment share (:mod:`.textflags`: the text ones)

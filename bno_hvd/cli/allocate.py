@@ -85,7 +85,7 @@ def probe(steps, batch_size, model, probe_bytes, repeats, out_path, max_rounds, 
 
     from bno_hvd.common.atomic import write_json_atomic
     from bno_hvd.data.models import build_model
-    from bno_hvd.runtime.control.probe import probe_cluster
+    from bno_hvd.library.control.probe import probe_cluster
 
     comm = MPI.COMM_WORLD.Dup()
     torch.set_num_threads(threads)

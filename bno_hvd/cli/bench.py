@@ -80,7 +80,7 @@ def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
         )
     # torch, MPI and Horovod load only when a run starts (the CLI itself starts in a tenth of a second)
     from bno_hvd.lab.suites import run_bench
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
 
     world = init_world(**base.world_options())
     outcome = run_bench(base, names, warmup, out_dir, world, echo=lambda m: click.echo(m, err=True), rounds=rounds)
@@ -131,7 +131,7 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
     from bno_hvd.cli.launching import mpirun_command
     from bno_hvd.lab import profiles as suite
     from bno_hvd.lab import suitetable
-    from bno_hvd.runtime.world import launched_rank
+    from bno_hvd.processes.world import launched_rank
 
     ctx = click.get_current_context()
     if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or launched_rank() != 0:

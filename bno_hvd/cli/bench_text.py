@@ -27,7 +27,7 @@ def text_bench(strategies: str | None, warmup: int, out_dir: str | None, progres
         raise UsageError(f"--warmup {warmup} must be >= 0 and leave at least 2 of the {base.updates} updates")
     from bno_hvd.lab.heterogeneity import from_config
     from bno_hvd.lab.textbench import run_text_bench
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
 
     world = init_world(base.collectives)
     rows = run_text_bench(base, entries, warmup, world, echo=lambda m: click.echo(m, err=True))

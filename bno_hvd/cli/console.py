@@ -2,7 +2,7 @@
 
 ``bno-hvd console -- horovodrun -np 4 ... bno-hvd train ...`` (what ``launch/run`` does) runs the
 job with ``BNO_HVD_PROGRESS=events``: under mpirun no rank has a terminal, so rank 0 writes its
-progress as event lines (:class:`bno_hvd.runtime.runlog.Progress`) and the console draws the bar on its
+progress as event lines (:class:`bno_hvd.training.runlog.Progress`) and the console draws the bar on its
 own terminal. ``horovodrun --mpi`` runs ``mpirun --tag-output``: every line a rank writes arrives
 as ``[job,rank]<stdout>:text`` (a ``print`` of several pieces may even arrive in several tagged
 pieces). The console reassembles the lines (:class:`Untagger`) and shows (:class:`Console`):
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import click
 
 from bno_hvd.common.errors import UsageError
-from bno_hvd.runtime.runlog import PROGRESS_ENV, PROGRESS_EVENT, ProgressDisplay
+from bno_hvd.training.runlog import PROGRESS_ENV, PROGRESS_EVENT, ProgressDisplay
 
 TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
 PYTHON_WARNING = re.compile(r"\b[A-Z]\w*Warning: ")

@@ -89,7 +89,7 @@ def experiment(
     # torch, MPI and Horovod load only when a run starts
     from bno_hvd.lab.report import format_summary
     from bno_hvd.lab.suites import run_experiment
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
 
     rows = run_experiment(
         base,

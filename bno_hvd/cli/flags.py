@@ -12,7 +12,7 @@ from bno_hvd.data.catalog import DATASET_NAMES, MODEL_NAMES, TEXT_DATASET_NAMES,
 from bno_hvd.lab.cpuquota import parse_quotas
 from bno_hvd.lab.emulation import parse_speeds
 from bno_hvd.lab.plugin import check_lab_config
-from bno_hvd.runtime.config import TrainConfig
+from bno_hvd.training.config import TrainConfig
 
 D = TrainConfig()  # the defaults, shown by every flag
 

@@ -1,9 +1,9 @@
 """Launching MPI jobs: the mpirun command line and the shell exports, in one place for the launch
 scripts, the tests and the benchmarks.
 
-``launch/mpi-env`` exports the settings of :mod:`bno_hvd.runtime.mpienv` (``python -m
+``launch/mpi-env`` exports the settings of :mod:`bno_hvd.processes.mpienv` (``python -m
 bno_hvd.cli.launching`` prints the lines); the test suite and the benchmark scripts start jobs
-with :func:`mpirun`. Inside every rank, :func:`bno_hvd.runtime.mpienv.arrange_for_shared_cores`
+with :func:`mpirun`. Inside every rank, :func:`bno_hvd.processes.mpienv.arrange_for_shared_cores`
 applies the one setting that matters for speed, so that a plain ``horovodrun`` gets it too.
 """
 
@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from bno_hvd.runtime.mpienv import MPI_SETTINGS, THREAD_DEFAULTS, mpi_env
+from bno_hvd.processes.mpienv import MPI_SETTINGS, THREAD_DEFAULTS, mpi_env
 
 
 def mpirun_command(np_: int, args, *, tag_output: bool = False) -> list[str]:

@@ -18,7 +18,7 @@ import click
 from bno_hvd.cli import allocate, bench, console, docs, experiment, hostfile, train
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.common.parsing import clip
-from bno_hvd.runtime.world import exit_with_error, launched_rank
+from bno_hvd.processes.world import exit_with_error, launched_rank
 
 
 def fail(message: str, code: int = 2, *, only_this_rank: int | None = None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from bno_hvd.common.parsing import CAP, Range, parse_int_list
-from bno_hvd.runtime.config import TrainConfig
+from bno_hvd.training.config import TrainConfig
 
 D = TrainConfig()
 TOKEN_CAP = Range(1, CAP.high * 1000, "token cap")

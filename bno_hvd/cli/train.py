@@ -60,7 +60,7 @@ def train(dry_run, world_size, **kw):
     cfg = config_from_flags(**kw)
     if dry_run:
         from bno_hvd.lab.plugin import lab_plugin
-        from bno_hvd.runtime.components import prepare
+        from bno_hvd.training.components import prepare
 
         if world_size is not None and world_size < 1:
             raise UsageError(f"--world-size must be a positive integer, got {world_size}")
@@ -68,8 +68,8 @@ def train(dry_run, world_size, **kw):
         click.echo("ok")
         return
     from bno_hvd.lab.plugin import lab_plugin
-    from bno_hvd.runtime.loop import run_training
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
+    from bno_hvd.training.loop import run_training
 
     run_training(cfg, init_world(**cfg.world_options()), plugin=lab_plugin)
 

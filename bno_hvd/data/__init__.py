@@ -1,5 +1,6 @@
 """DATA AND MODELS: what is trained. May import :mod:`bno_hvd.common` (and torch, torchvision);
-nothing of the runtime, the lab or the CLI.
+nothing of the library, the
+training application, the processes, the lab or the CLI.
 
 - :mod:`.catalog` - names and sizes of the built-in datasets and models (no torch: the CLI starts fast)
 - :mod:`.images` - Fashion-MNIST, MNIST, synthetic data, image folders; augmentation; offline roots

@@ -271,7 +271,7 @@ def load_datasets(
 def image_transforms(image_size: int, train: bool):
     """Training: random resized crop + horizontal flip; evaluation: resize + centre crop. Both
     end in ImageNet normalisation. (Random choices come from generators the loader seeds per
-    sample and epoch, see :mod:`bno_hvd.runtime.loader`.)"""
+    sample and epoch, see :mod:`bno_hvd.library.loader`.)"""
     from torchvision import transforms as T
 
     mean, std = IMAGENET_NORMALIZATION

@@ -1,6 +1,7 @@
 """THE LABORATORY around the method: slow ranks made on purpose, and the measurements of what
 the strategies do with them. May import :mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`,
-:mod:`bno_hvd.data` and :mod:`bno_hvd.runtime`; never the CLI. Nothing in the production path
+:mod:`bno_hvd.data`, :mod:`bno_hvd.processes`, :mod:`bno_hvd.library` and
+:mod:`bno_hvd.training`; never the CLI. Nothing in the production path
 imports the lab: its behaviour enters a run through :mod:`.plugin`.
 
 - :mod:`.plugin` - the lab's way into a run (hooks for the flags below)

@@ -3,7 +3,7 @@
 
 Inputs are what ``run_training`` logs on rank 0:
 
-- ``records``: :class:`~bno_hvd.runtime.records.UpdateRecord` per update (``update``,
+- ``records``: :class:`~bno_hvd.training.results.UpdateRecord` per update (``update``,
   ``weight_update_time`` in s, ``global_batch``, ``time`` = training seconds since the start,
   measured after the update; periodic evaluation is not counted);
 - ``evals``: ``[{"update", "samples", "time", "accuracy"}, ...]`` from ``--eval-every``.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bno_hvd.runtime.records import UpdateRecord
+from bno_hvd.training.results import UpdateRecord
 
 
 @dataclass(frozen=True)

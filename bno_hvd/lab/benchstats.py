@@ -1,9 +1,9 @@
 """Benchmark arithmetic (pure): throughput, fraction of ideal, compute balance, the share of an
 update spent outside compute, control-plane cost, and recovery after a change of speeds.
 
-Inputs are what a run logs: rank 0's :class:`~bno_hvd.runtime.records.UpdateRecord` list (``time`` =
+Inputs are what a run logs: rank 0's :class:`~bno_hvd.training.results.UpdateRecord` list (``time`` =
 training seconds since the start, measured after the update) and every rank's
-:class:`~bno_hvd.runtime.records.RankStep` list.
+:class:`~bno_hvd.library.timing.RankStep` list.
 
 "Ideal" is the throughput if no rank ever waited: the sum over ranks of each rank's own compute
 throughput (samples / compute seconds) measured in the same run.
@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from bno_hvd.runtime.records import RankStep, UpdateRecord
-from bno_hvd.runtime.runstats import (
+from bno_hvd.library.timing import RankStep
+from bno_hvd.training.results import UpdateRecord
+from bno_hvd.training.runstats import (
     compute_balance,
     compute_balance_of_means,
     outside_compute_share,

@@ -4,7 +4,7 @@ The REAL profile suite (:mod:`bno_hvd.lab.profiles`) sets CPU limits *outside* b
 one cgroup per rank with a CFS quota and launches every rank through this wrapper, which moves
 the process into its rank's cgroup and onto its CPUs and then ``exec``s the command. bno-hvd
 inside knows nothing of it; it only reads the limit, as it would under Docker's ``--cpus`` or
-Slurm's cgroup plugin (:func:`bno_hvd.runtime.cpulimit.cpu_limit`).
+Slurm's cgroup plugin (:func:`bno_hvd.processes.cpulimit.cpu_limit`).
 
 Usage (under mpirun; one entry per rank, ``-`` for none)::
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from bno_hvd.runtime.world import launched_rank
+from bno_hvd.processes.world import launched_rank
 
 CGROUPS = "BNO_CONFINE_CGROUPS"
 CPUS = "BNO_CONFINE_CPUS"

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import QUOTA, RankSchedule, load_rank_schedule, parse_float_list
-from bno_hvd.runtime.cpulimit import own_cgroups, read_text
-from bno_hvd.runtime.hooks import Hook
+from bno_hvd.processes.cpulimit import own_cgroups, read_text
+from bno_hvd.training.hooks import Hook
 
 MIN_QUOTA_US = 1000  # the kernel refuses smaller quotas
 BASE_PERIOD_US = 10_000  # 10 ms: smooth at step scale (a 100 ms period throttles in long stalls)

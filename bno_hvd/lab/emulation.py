@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import SPEED, RankSchedule, load_rank_schedule, parse_float_list
-from bno_hvd.runtime.hooks import Hook
+from bno_hvd.training.hooks import Hook
 
 
 def parse_speeds(text: str, n_ranks: int | None = None) -> list[float]:

@@ -11,7 +11,7 @@
 
 The faults are real (a real signal, real NaNs through Horovod and the control plane); only
 *when* they happen is chosen, so that tests can place them between checkpoints. The injector
-is a :class:`bno_hvd.runtime.hooks.Hook`, built only when the flag is set.
+is a :class:`bno_hvd.training.hooks.Hook`, built only when the flag is set.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import signal
 from dataclasses import dataclass
 
 from bno_hvd.common.errors import UsageError
-from bno_hvd.runtime.hooks import Hook
+from bno_hvd.training.hooks import Hook
 
 KINDS = ("kill", "nan-loss", "nan-metrics")
 

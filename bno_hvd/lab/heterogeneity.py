@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bno_hvd.common.parsing import RankSchedule
 from bno_hvd.lab.cpuquota import load_quota_schedule, period_for
 from bno_hvd.lab.emulation import check_emulated_rate, load_schedule
-from bno_hvd.runtime.hooks import NO_HETEROGENEITY
+from bno_hvd.training.hooks import NO_HETEROGENEITY
 
 NONE = NO_HETEROGENEITY
 

@@ -22,7 +22,8 @@ import os
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import read_json, show_path
 from bno_hvd.lab.heterogeneity import label_of_run
-from bno_hvd.runtime.records import COLUMNS, RankStep, UpdateRecord, steps_from_json
+from bno_hvd.library.timing import RankStep
+from bno_hvd.training.results import COLUMNS, UpdateRecord, steps_from_json
 
 _INTEGER_STEP_FIELDS = ("batch", "micro_batches")
 
@@ -118,7 +119,7 @@ def read_result(path: str) -> dict | None:
 
 def read_steps(path: str) -> tuple[list[list[RankStep]] | None, str | None]:
     """``ranks.json`` as every rank's steps, or ``(None, why)`` when it is missing or damaged.
-    The values are checked here; :func:`~bno_hvd.runtime.records.steps_from_json` then reads them."""
+    The values are checked here; :func:`~bno_hvd.training.results.steps_from_json` then reads them."""
     if not os.path.exists(path):
         return None, f"{show_path(path)} does not exist"
     try:
@@ -156,7 +157,7 @@ def _steps_damage(data) -> str | None:
 
 
 def usable_record(record) -> bool:
-    """Does a logged :class:`~bno_hvd.runtime.records.UpdateRecord` have values of the right kind?"""
+    """Does a logged :class:`~bno_hvd.training.results.UpdateRecord` have values of the right kind?"""
     sizes = record.batch_sizes
     return (
         number(record.update, integer=True)

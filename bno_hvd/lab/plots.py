@@ -118,10 +118,10 @@ def plot_accuracy(series: dict[str, list[dict]], path: str, *, title: str, targe
 def plot_stragglers(rank_steps: list, path: str, *, title: str, max_columns: int = 400) -> None:
     """One row per rank, one column per update: the rank's compute, the time it waited for the
     last rank to arrive, and the exchange after that arrival (every rank's alike), stacked, so a
-    column is the whole update as that rank saw it (:mod:`bno_hvd.runtime.stragglers` defines each part).
+    column is the whole update as that rank saw it (:mod:`bno_hvd.training.stragglers` defines each part).
     Above ``max_columns`` updates, each column is the mean of a block of updates (never smoothed
     across the edges). ``rank_steps``: every rank's ``RankStep`` list."""
-    from bno_hvd.runtime.stragglers import block_means, straggler_timeline
+    from bno_hvd.training.stragglers import block_means, straggler_timeline
 
     timeline = straggler_timeline(rank_steps)
     n = timeline.updates

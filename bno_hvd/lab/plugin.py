@@ -1,9 +1,9 @@
 """The lab's way into a run: emulated speeds, REAL CPU quotas and injected faults, as hooks.
 
 The runtime knows none of them. ``bno-hvd train``, ``bench`` and ``experiment`` pass
-:func:`lab_plugin` to :func:`bno_hvd.runtime.loop.run_training`, which builds it on every rank
+:func:`lab_plugin` to :func:`bno_hvd.training.loop.run_training`, which builds it on every rank
 before the first collective (a bad schedule, or cgroups that cannot be written, end every rank
-with one line) and calls its hooks (:mod:`bno_hvd.runtime.hooks`).
+with one line) and calls its hooks (:mod:`bno_hvd.training.hooks`).
 
 Usage::
 
@@ -16,7 +16,7 @@ from bno_hvd.lab import heterogeneity
 from bno_hvd.lab.cpuquota import CpuQuotaHook, find_place
 from bno_hvd.lab.emulation import DeviceEmulator, EmulationHook, check_emulated_rate
 from bno_hvd.lab.faults import FaultInjector, parse_faults
-from bno_hvd.runtime.hooks import Hook, Plugin
+from bno_hvd.training.hooks import Hook, Plugin
 
 
 def check_lab_config(cfg) -> None:

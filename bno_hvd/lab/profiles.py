@@ -32,7 +32,7 @@ from bno_hvd.lab.confine import CGROUPS, CPUS
 from bno_hvd.lab.cpuquota import CpuQuotaGroup, find_place, start_reaper
 from bno_hvd.lab.pairing import comparison
 from bno_hvd.lab.suitetable import suite_markdown
-from bno_hvd.runtime.mpienv import mpi_env
+from bno_hvd.processes.mpienv import mpi_env
 
 RANKS = 4
 GLOBAL_BATCH = 128  # 4 x the default base batch of 32

@@ -14,7 +14,7 @@ or rank 0's unlogged time, which they are part of):
 - ``gc``: seconds a rank spent in Python's garbage collector (``RankStep.gc``);
 - ``rebalance``: rank 0's time in the control plane after the update;
 - ``catch-up``: a rank's time sending (rank 0) or receiving the state of a rank that comes back
-  after sitting out (``RankStep.catch_up``, :mod:`bno_hvd.runtime.sitout`);
+  after sitting out (``RankStep.catch_up``, :mod:`bno_hvd.library.catchup`);
 - ``outside``: rank 0's cycle beyond all of its logged parts;
 - ``step``: the slowest rank's gap and compute over its own neighbours' median (a throttled
   rank's quota ran out, a neighbour took its core);
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bno_hvd.runtime.records import RankStep, UpdateRecord
+from bno_hvd.library.timing import RankStep
+from bno_hvd.training.results import UpdateRecord
 
 
 @dataclass

@@ -30,7 +30,7 @@ from bno_hvd.lab.pairing import block_rate, comparison, round_orders
 from bno_hvd.lab.plugin import lab_plugin
 from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
 from bno_hvd.lab.stalls import Stall, find_stalls
-from bno_hvd.runtime.loop import Training, run_training
+from bno_hvd.training.loop import Training, run_training
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.lab.plugin import lab_plugin
-from bno_hvd.runtime.loop import run_training
+from bno_hvd.training.loop import run_training
 
 UNITS = ("samples", "tokens", "cost")
 DEFAULT_ENTRIES = "equal:samples,equal:tokens,balanced:samples,lbbsp:cost,proportional:cost,balanced:cost"

@@ -74,4 +74,4 @@ def test_the_sampler_cuts_global_batches_of_tokens_every_sample_once():
         assert lengths[batch].sum() >= 150 and lengths[batch].sum() - lengths[batch].max() < 150 or total == 4
         seen += batch.tolist()
         sampler.advance(total)
-    assert sorted(set(seen)) == list(range(97)) and len(seen) > 2 * 97  # (once per epoch: tests/runtime)
+    assert sorted(set(seen)) == list(range(97)) and len(seen) > 2 * 97  # (once per epoch: tests/library)

@@ -16,7 +16,7 @@ import pytest
 from support.jobs import ROOT, bno_cmd, mpi_env, python_cmd
 
 from bno_hvd.cli.console import TAG, Console, Line, Untagger
-from bno_hvd.runtime.runlog import PROGRESS_ENV, PROGRESS_EVENT
+from bno_hvd.training.runlog import PROGRESS_ENV, PROGRESS_EVENT
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TRAIN = "train --dataset synthetic --updates 30 --base-batch-size 8 --rebalance-every 5 --no-eval --latency-interval 1"

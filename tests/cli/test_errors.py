@@ -24,7 +24,7 @@ def raise_from(filename: str):
 def test_errors_from_horovods_code_are_told_apart():
     inside = os.path.join(os.sep, "venv", "site-packages", "horovod", "torch", "mpi_ops.py")
     assert raised_in_horovod(raise_from(inside))
-    assert not raised_in_horovod(raise_from(os.path.join(os.sep, "work", "bno_hvd", "runtime", "loop.py")))
+    assert not raised_in_horovod(raise_from(os.path.join(os.sep, "work", "bno_hvd", "training", "loop.py")))
 
 
 def test_a_failed_collective_is_one_line(monkeypatch, capsys):

@@ -9,7 +9,7 @@ from support.jobs import assert_ok, bno_cmd, horovodrun
 
 from bno_hvd.lab.logread import read_steps
 from bno_hvd.lab.stalls import find_stalls, format_stalls
-from bno_hvd.runtime.records import UpdateRecord
+from bno_hvd.training.results import UpdateRecord
 
 
 def test_bench_writes_table_json_csv_png(tmp_path):

@@ -15,7 +15,8 @@ from bno_hvd.lab.benchstats import (
     summarize,
     with_speedups,
 )
-from bno_hvd.runtime.records import RankStep, UpdateRecord
+from bno_hvd.library.timing import RankStep
+from bno_hvd.training.results import UpdateRecord
 
 
 def make_log(cycle, batches, compute, rebalance_every=2, control=0.01):

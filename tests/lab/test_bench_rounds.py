@@ -9,7 +9,7 @@ from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
 from bno_hvd.lab.confine import entry_for
 from bno_hvd.lab.pairing import round_orders
 from bno_hvd.lab.profiles import BY_NAME, bench_args, hand_split, scaled_schedule
-from bno_hvd.runtime.records import steps_from_json
+from bno_hvd.training.results import steps_from_json
 
 NAMES = ["equal", "balanced", "balanced:throttle_weight=0", "fixed"]  # with an ablation
 

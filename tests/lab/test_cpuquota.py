@@ -18,8 +18,8 @@ from support.jobs import assert_ok, bno_cmd, horovodrun, mpirun
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import RankSchedule
 from bno_hvd.lab.cpuquota import CgroupPlace, CpuQuotaGroup, find_place, period_for
-from bno_hvd.runtime.cpulimit import cpu_limit
-from bno_hvd.runtime.records import steps_from_json
+from bno_hvd.processes.cpulimit import cpu_limit
+from bno_hvd.training.results import steps_from_json
 
 QUOTAS = "0.3,0.3,0.3,0.1"  # 1 core in all: the quotas, not the 2 cores, decide (also on a busy machine)
 
@@ -214,7 +214,7 @@ def run_python(script):
 def test_a_rank_reads_the_limit_of_the_cgroup_it_runs_in(tmp_path):
     script = (
         "from bno_hvd.lab.cpuquota import CpuQuotaHook\n"
-        "from bno_hvd.runtime.cpulimit import cpu_limit\n"
+        "from bno_hvd.processes.cpulimit import cpu_limit\n"
         "from bno_hvd.common.parsing import RankSchedule\n"
         "outside = cpu_limit()\n"
         "hook = CpuQuotaHook(RankSchedule.constant([0.25]), 0)\n"
@@ -313,7 +313,7 @@ def test_the_cpu_share_is_what_a_rank_got_of_the_time_it_could_run():
         "import time\n"
         "from bno_hvd.common.parsing import RankSchedule\n"
         "from bno_hvd.lab.cpuquota import CpuQuotaHook\n"
-        "from bno_hvd.runtime.timing import StepTimer\n"
+        "from bno_hvd.library.timing import StepTimer\n"
         "def update(busy, sleep):\n"
         "    timer = StepTimer(window=4)\n"
         "    timer.start()\n"

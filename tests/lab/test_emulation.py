@@ -7,7 +7,7 @@ import pytest
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import RankSchedule
 from bno_hvd.lab.emulation import DeviceEmulator, EmulationHook, load_schedule, parse_speeds
-from bno_hvd.runtime.timing import StepTimer
+from bno_hvd.library.timing import StepTimer
 
 
 def test_parse_speeds():

@@ -26,7 +26,7 @@ from bno_hvd.lab.benchstats import compute_balance, outside_compute_share
 from bno_hvd.lab.heterogeneity import label_of_run as emulation_label
 from bno_hvd.lab.logread import read_updates
 from bno_hvd.lab.report import format_summary
-from bno_hvd.runtime.records import UpdateRecord, steps_from_json
+from bno_hvd.training.results import UpdateRecord, steps_from_json
 
 # five updates: times 1,2,3,4,5 s back to back (so `time` is the running sum), batches 10,10,20,20,20
 RECORDS = [

@@ -24,9 +24,9 @@ from bno_hvd.allocation import make_strategy
 from bno_hvd.common.errors import UsageError
 from bno_hvd.lab.faults import FaultInjector, parse_faults
 from bno_hvd.lab.logread import read_updates
-from bno_hvd.runtime.checkpoint import list_checkpoints, parameters_finite
-from bno_hvd.runtime.control.plane import RankReport, allocate_on_root
-from bno_hvd.runtime.records import steps_from_json
+from bno_hvd.library.control.plane import RankReport, allocate_on_root
+from bno_hvd.training.checkpoint import list_checkpoints, parameters_finite
+from bno_hvd.training.results import steps_from_json
 
 QUICK = ["--dataset", "synthetic", "--no-eval", "--no-progress"]
 

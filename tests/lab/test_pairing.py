@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bno_hvd.lab.pairing import block_rate, comparison, format_comparison, median_interval, paired_ratios, round_orders
-from bno_hvd.runtime.records import UpdateRecord
+from bno_hvd.training.results import UpdateRecord
 
 
 def test_block_rate_is_samples_over_update_time():

@@ -146,9 +146,9 @@ def run_checkpoint_dir(inp, directory):
 
     from bno_hvd.allocation import make_strategy
     from bno_hvd.data.models import BaselineCNN
-    from bno_hvd.runtime.balancer import Balancer
-    from bno_hvd.runtime.checkpoint import read_checkpoint, restore_training_state
-    from bno_hvd.runtime.config import TrainConfig
+    from bno_hvd.library.balancer import Balancer
+    from bno_hvd.training.checkpoint import read_checkpoint, restore_training_state
+    from bno_hvd.training.config import TrainConfig
 
     ck = str(build_checkpoint_dir(inp, directory))
     cfg = TrainConfig(dataset="synthetic", checkpoint_dir=ck, resume=True)
@@ -177,8 +177,8 @@ def check_checkpoint_dir(inp, result):
 
 
 def run_checkpoint_config(saved, directory):
-    from bno_hvd.runtime.checkpoint import check_compatible
-    from bno_hvd.runtime.config import TrainConfig
+    from bno_hvd.training.checkpoint import check_compatible
+    from bno_hvd.training.config import TrainConfig
 
     check_compatible(saved, TrainConfig().to_dict(), str(directory / "ckpt-00000010.pt"))
     return True  # compatible
@@ -219,7 +219,7 @@ def build_image_tree(tree, directory: Path) -> Path:
 
 def run_image_folder(inp, directory):
     from bno_hvd.data.images import load_datasets
-    from bno_hvd.runtime.loader import CollateToBatch, KeyedDataset
+    from bno_hvd.library.loader import CollateToBatch, KeyedDataset
 
     data = load_datasets("imagefolder", str(build_image_tree(inp["tree"], directory)), image_size=inp["image_size"])
     batches = []

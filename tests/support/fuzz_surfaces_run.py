@@ -21,7 +21,7 @@ from bno_hvd.common.errors import UsageError
 def run_quotas(inp, directory):
     """``--cpu-quota`` and ``--cpu-quota-period`` as ``train`` reads them: the shares, then their period."""
     from bno_hvd.lab.cpuquota import parse_quotas, period_for
-    from bno_hvd.runtime.config import TrainConfig
+    from bno_hvd.training.config import TrainConfig
 
     quotas = parse_quotas(inp["quotas"])
     cfg = TrainConfig(cpu_quota=tuple(quotas), cpu_quota_period_ms=inp["period_ms"])
@@ -100,9 +100,9 @@ def run_tensorboard(inp, directory):
     """``--tensorboard DIR`` on rank 0: checked before training, then events written there."""
     from types import SimpleNamespace
 
-    from bno_hvd.runtime.config import TrainConfig
-    from bno_hvd.runtime.runlog import check_output_paths
-    from bno_hvd.runtime.tensorboard import TensorBoardHook
+    from bno_hvd.training.config import TrainConfig
+    from bno_hvd.training.runlog import check_output_paths
+    from bno_hvd.training.tensorboard import TensorBoardHook
 
     if inp["existing"] == "file":
         (directory / "a-file").write_text("x")
@@ -141,8 +141,8 @@ launcher_envs = st.dictionaries(st.sampled_from(LAUNCHER_VARS), env_value, max_s
 
 
 def run_launcher_env(env, directory):
-    from bno_hvd.runtime.mpienv import YIELD, arrange_for_shared_cores, ranks_on_this_host
-    from bno_hvd.runtime.world import launched_rank
+    from bno_hvd.processes.mpienv import YIELD, arrange_for_shared_cores, ranks_on_this_host
+    from bno_hvd.processes.world import launched_rank
 
     environ = dict(env)
     note = arrange_for_shared_cores(environ)

@@ -25,8 +25,8 @@ config_values = st.one_of(any_json, st.lists(st.integers(1, 64)).map(tuple), st.
 @st.composite
 def config_dicts(draw):
     """A checkpoint's config: this run's (the defaults) in part, with some values changed."""
-    from bno_hvd.runtime.checkpoint import STATE_FLAGS
-    from bno_hvd.runtime.config import TrainConfig
+    from bno_hvd.training.checkpoint import STATE_FLAGS
+    from bno_hvd.training.config import TrainConfig
 
     current = TrainConfig().to_dict()
     keys = draw(st.lists(st.sampled_from(sorted(current)), max_size=len(current), unique=True))
@@ -68,8 +68,8 @@ def real_checkpoint_state() -> dict:
 
         from bno_hvd.allocation import make_strategy
         from bno_hvd.data.models import BaselineCNN
-        from bno_hvd.runtime.balancer import Balancer
-        from bno_hvd.runtime.config import TrainConfig
+        from bno_hvd.library.balancer import Balancer
+        from bno_hvd.training.config import TrainConfig
 
         cfg = TrainConfig(dataset="synthetic")
         model = BaselineCNN()

@@ -1,4 +1,4 @@
-"""A user's own model for ``--model tests.support.user_model:small_mlp`` (tests/runtime/test_loader_ranks.py)."""
+"""A user's own model for ``--model tests.support.user_model:small_mlp`` (tests/library/test_loader_ranks.py)."""
 
 from torch import nn
 

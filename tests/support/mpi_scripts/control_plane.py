@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.paper import bno_batch_sizes
-from bno_hvd.runtime.control.latency import measure_latency_row
-from bno_hvd.runtime.control.monitor import MetricsMonitor
-from bno_hvd.runtime.control.plane import ControlPlane, RankReport
+from bno_hvd.library.control.latency import measure_latency_row
+from bno_hvd.library.control.monitor import MetricsMonitor
+from bno_hvd.library.control.plane import ControlPlane, RankReport
 
 comm = MPI.COMM_WORLD.Dup()
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -4,7 +4,7 @@
 import sys
 import warnings
 
-from bno_hvd.runtime.world import launched_rank
+from bno_hvd.processes.world import launched_rank
 
 rank = launched_rank()
 print(f"line from rank {rank}", flush=True)

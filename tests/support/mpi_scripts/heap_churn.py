@@ -2,7 +2,7 @@
 mixed sizes) allocated, touched and freed in reverse, 100 times. Prints faults per step.
 
 ``python heap_churn.py plain|keep|world``: glibc's defaults; after
-:func:`bno_hvd.runtime.heap.keep_freed_memory`; or in a rank started by :func:`bno_hvd.runtime.world.init_world`.
+:func:`bno_hvd.processes.heap.keep_freed_memory`; or in a rank started by :func:`bno_hvd.processes.world.init_world`.
 """
 
 import ctypes
@@ -38,11 +38,11 @@ def faults_per_step(steps=100) -> float:
 if __name__ == "__main__":
     mode, label = sys.argv[1], "process"
     if mode == "keep":
-        from bno_hvd.runtime.heap import keep_freed_memory
+        from bno_hvd.processes.heap import keep_freed_memory
 
         print(f"set={keep_freed_memory()}")
     elif mode == "world":
-        from bno_hvd.runtime.world import init_world
+        from bno_hvd.processes.world import init_world
 
         label = f"rank {init_world().rank}"
     print(f"{label}: {faults_per_step():.1f} faults per step", flush=True)

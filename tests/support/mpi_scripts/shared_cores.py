@@ -3,8 +3,8 @@ Open MPI read at start-up, and the notes start-up arranged."""
 
 import os
 
-from bno_hvd.runtime.mpienv import YIELD
-from bno_hvd.runtime.world import init_world
+from bno_hvd.processes.mpienv import YIELD
+from bno_hvd.processes.world import init_world
 
 world = init_world()
 print(f"rank {world.rank}: {YIELD}={os.environ.get(YIELD)} notes={len(world.notes)}", flush=True)

@@ -1,0 +1,19 @@
+"""THE LIBRARY a user's script imports: the Balancer and its parts, the drop-in surface for a
+Horovod script, and exact dropout. May import :mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`,
+:mod:`bno_hvd.data` and :mod:`bno_hvd.processes`; never the training application, the lab or
+the CLI.
+
+The Balancer (the public step API) and its parts:
+
+- :mod:`.balancer` - ``start_step`` / ``end_compute`` / ``end_step``, slices and loss weights
+- :mod:`.samplerface` - what Horovod's ``DistributedSampler`` offers a script (``for_world``, ``set_epoch``, ``len``)
+- :mod:`.step` - one update as one rank sees it (its slice, weight, micro-batches)
+- :mod:`.timing` - one rank's clock: gap, compute, sync, CPU
+- :mod:`.control` - the control plane (mpi4py): reports, gather, allocate, broadcast; latency, memory
+- :mod:`.loader` - the DataLoader of a rank's slices (through a small :class:`~.loader.LoaderFeed`)
+- :mod:`.catchup` - the state a rank receives when it computes again after sitting out
+
+The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
+(``DataLoader``, ``DistributedOptimizer``, one-line errors) and :mod:`.dropout` (dropout masks
+per global sample, so that N ranks equal one process).
+"""

@@ -1,0 +1,57 @@
+"""Sitting out: a rank with no samples in an update leaves the gradient allreduce, and catches up.
+
+``balanced`` may give a rank 0 samples (:mod:`bno_hvd.allocation.balanced`, option ``sit_out``)
+when its part of the allreduce costs the cluster more than the samples it computes are worth:
+a rank at a few percent of a core holds every update back by its own slow sync. For such an
+update every other rank reduces its gradients over Horovod's process set of "every rank but r"
+(made at ``hvd.init``: :func:`bno_hvd.processes.world.sit_out_sets`), so the update is the
+sample-weighted mean over the samples that were computed, as always; the rank that sits out
+computes nothing, takes no optimizer step, and waits only at the next rebalance.
+
+Its model and optimizer state are then behind. Before it computes again, and before anything
+that uses every rank's model (an evaluation, the final score), rank 0 (which never sits out)
+sends it its own: parameters, buffers and optimizer state, copied exactly, so the run stays
+the one a single process would take on the same global batches (``tests/library/test_sit_out.py``).
+"""
+
+from __future__ import annotations
+
+TAG = 7301  # the control communicator's point-to-point tag of a catch-up
+
+
+class SitOut:
+    """Which ranks are behind, and what the gradient allreduce of an update runs over (every rank)."""
+
+    def __init__(self, world, model, optimizer):
+        self.world, self.model, self.optimizer = world, model, optimizer
+        self.behind: set[int] = set()  # ranks that sat out since rank 0 last sent them its state
+
+    def begin(self, sizes: list[int]) -> bool:
+        """Before an update with these batch sizes (every rank knows them): catch up the ranks
+        that compute again, and point the optimizer at the ranks that compute. True when this
+        rank sent or received a state."""
+        moved = self.catch_up([r for r in self.behind if sizes[r] > 0])
+        out = [r for r, b in enumerate(sizes) if b == 0]  # at most one, never rank 0 (valid_sizes)
+        self.behind.update(out)
+        self.optimizer.process_set = self.world.sit_out_sets[out[0]] if out else self.world.hvd.global_process_set
+        return moved
+
+    @property
+    def process_set(self):
+        """The process set of this update's gradients (for the loss that rides with them)."""
+        return self.optimizer.process_set
+
+    def catch_up(self, ranks=None) -> bool:
+        """Rank 0 sends its model and optimizer state to ``ranks`` (default: every rank behind);
+        True when this rank sent or received one."""
+        ranks = sorted(self.behind if ranks is None else ranks)
+        comm, me = self.world.control_comm, self.world.rank
+        for r in ranks:
+            if me == 0:
+                comm.send({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, dest=r, tag=TAG)
+            elif me == r:
+                state = comm.recv(source=0, tag=TAG)
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+        self.behind.difference_update(ranks)
+        return bool(ranks) and (me == 0 or me in ranks)

@@ -1,0 +1,130 @@
+"""Gather every rank's measurements on rank 0, allocate there, broadcast the batch sizes.
+
+Horovod does the gradient allreduce; this module carries only control traffic, on a
+communicator the caller reserves for it (``MPI.COMM_WORLD.Dup()``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from bno_hvd.allocation import ClusterMetrics
+from bno_hvd.allocation.strategy import valid_sizes
+
+
+@dataclass
+class RankReport:
+    """What one rank tells rank 0 at a rebalance."""
+
+    rank: int
+    ops: float | None  # samples/s of its compute phase
+    memory_used: float  # bytes
+    latency_row: list[float]  # seconds to every rank, NaN where unknown
+    compute_samples: list[tuple[int, float]] = field(default_factory=list)
+    max_batch: int | None = None
+    warnings: list[str] = field(default_factory=list)  # this rank's new warnings, for rank 0 to show
+    recent_steps: list = field(default_factory=list)  # (update, RankStep) since the last report, if a hook sends them
+    sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
+    sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
+    cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
+    cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
+    cpu_share: float | None = None  # its time on a CPU over its runnable time (StepTimer.cpu_share)
+    cpu_per_wall: float | None = None  # its CPU seconds per wall second (StepTimer.cpu_per_wall)
+
+    def is_finite(self) -> bool:
+        """False when a number is missing or non-finite (NaN latency = pair not measured yet)."""
+        if self.ops is None or not math.isfinite(self.ops) or self.ops <= 0:
+            return False
+        if not math.isfinite(self.memory_used):
+            return False
+        if any(math.isinf(x) for x in self.latency_row):
+            return False
+        return all(math.isfinite(t) for _, t in self.compute_samples)
+
+
+def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
+    """Assemble rank 0's view. Missing latency pairs are completed symmetrically."""
+    import numpy as np
+
+    from bno_hvd.library.control.schedule import complete_matrix
+
+    rows = np.array([r.latency_row for r in reports], dtype=float)
+    return ClusterMetrics(
+        ops=[r.ops for r in reports],
+        memory_used=[r.memory_used for r in reports],
+        latency=complete_matrix(rows).tolist(),
+        compute_samples=[list(r.compute_samples) for r in reports],
+        max_batch=[r.max_batch for r in reports],
+        sync_samples=[list(r.sync_samples) for r in reports],
+        sync_cpu=[r.sync_cpu for r in reports],
+        cpu_limit=[r.cpu_limit for r in reports],
+        cycle_samples=[list(r.cycle_samples) for r in reports],
+        cpu_share=[r.cpu_share for r in reports],
+        cpu_per_wall=[r.cpu_per_wall for r in reports],
+    )
+
+
+@dataclass
+class RebalanceResult:
+    batch_sizes: list[int]
+    seconds: float  # gather + compute + broadcast, as seen by this rank
+    warnings: list[str] = field(default_factory=list)  # rank 0: the strategy's and every rank's
+    memory_used: list[float] | None = None  # rank 0: every rank's reported memory (bytes)
+    recent_steps: list | None = None  # rank 0: every rank's RankReport.recent_steps
+    note: str | None = None  # rank 0: why the strategy moved, when not to its fit's split (a probe)
+    model: dict | None = None  # rank 0: per rank, what the split came from (the strategy's last_model)
+
+
+class ControlPlane:
+    """Rank-0-centred control traffic on ``comm``.
+
+    Usage::
+
+        plane = ControlPlane(MPI.COMM_WORLD.Dup())
+        sizes = plane.rebalance(strategy, report, current, update).batch_sizes
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def gather(self, report: RankReport) -> list[RankReport] | None:
+        return self.comm.gather(report, root=0)
+
+    def broadcast(self, batch_sizes: list[int] | None) -> list[int]:
+        return self.comm.bcast(batch_sizes, root=0)
+
+    def rebalance(self, strategy, report: RankReport, current: list[int], update: int) -> RebalanceResult:
+        """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
+        t0 = time.perf_counter()
+        reports = self.gather(report)
+        sizes, warnings, memory, recent, note, model = None, [], None, None, None, None
+        if self.rank == 0:
+            sizes, warning = allocate_on_root(strategy, reports, current, update)
+            note = getattr(strategy, "last_note", None) if sizes != list(current) else None
+            warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
+            memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
+            recent = [r.recent_steps for r in reports]
+            model = getattr(strategy, "last_model", None)
+        sizes = self.broadcast(sizes)
+        assert valid_sizes(sizes, self.size, getattr(strategy, "sit_out_ok", False))
+        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note, model)
+
+
+def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):
+    """Rank 0's part of a rebalance (pure): never lets bad metrics poison the allocation."""
+    bad = [r.rank for r in reports if not r.is_finite()]
+    if bad:
+        return list(current), f"non-finite metrics from rank(s) {bad}; kept the last allocation"
+    try:
+        sizes = strategy.rebalance(reports_to_metrics(reports), list(current), update)
+    except (ValueError, ArithmeticError) as err:
+        return list(current), f"allocation failed ({err}); kept the last allocation"
+    warning = strategy.last_warning
+    sizes = [int(b) for b in sizes]
+    if not valid_sizes(sizes, len(current), getattr(strategy, "sit_out_ok", False)):
+        return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"
+    return sizes, warning

@@ -1,0 +1,262 @@
+"""The drop-in surface: a Horovod script becomes heterogeneity-aware without a call inside its loop.
+
+Three lines change in a Horovod script (README "Your own Horovod script" has the whole port)::
+
+    import bno_hvd as bno
+    train_sampler = bno.Balancer.for_world(train_dataset, args.batch_size)    # was DistributedSampler
+    train_loader = bno.DataLoader(train_dataset, sampler=train_sampler, **kwargs)
+    optimizer = bno.DistributedOptimizer(optimizer, balancer=train_sampler, named_parameters=...)
+
+and the loop stays Horovod's: ``for data, target in train_loader: ... loss.backward();
+optimizer.step()``. What happens instead of the explicit calls (:mod:`bno_hvd.library.balancer`):
+
+- :class:`DataLoader` yields what torch's DataLoader would (the collated batch); a batch's
+  arrival starts its step (``start_step``: the batch is checked against the plan, the clock starts).
+- :func:`DistributedOptimizer` is ``hvd.DistributedOptimizer`` with ``op=hvd.Sum`` and a tensor
+  hook on every parameter. Horovod launches a parameter's allreduce from a hook on its gradient
+  accumulator, i.e. *after* the gradient was accumulated; a tensor hook runs *before* that, so each
+  backward pass's gradient is scaled by this rank's share n_r / sum(n) before it reaches
+  ``p.grad`` and the allreduce (also with ``backward_passes_per_step``: every pass is scaled).
+  The end of the last backward pass ends the compute phase (an autograd-engine callback);
+  ``step()`` waits for the allreduce, steps, and ends the update (every K updates: rebalance).
+- A :class:`~bno_hvd.common.errors.UsageError` that ends the script is one ``bno-hvd: error:``
+  line on stderr and exit code 2, as in the CLI (:func:`one_line_errors`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import torch
+
+from bno_hvd.allocation import make_strategy
+from bno_hvd.allocation.sampler import updates_left
+from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even, scaled_lr
+from bno_hvd.common.errors import TrainingError, UsageError
+from bno_hvd.library.balancer import Balancer
+from bno_hvd.processes.mpienv import arrange_for_shared_cores
+from bno_hvd.processes.world import exit_with_error, leave_together
+
+__all__ = ["DataLoader", "DistributedOptimizer", "one_line_errors", "world_balancer"]
+
+
+def world_balancer(cls, dataset, batch_size, strategy="balanced", *, global_batch=None, seed=0, comm=None, **options):
+    """``Balancer.for_world``: a Balancer over a duplicate of ``MPI.COMM_WORLD`` (or ``comm``).
+
+    ``dataset`` (or its length); ``batch_size``: the per-rank base batch B, as Horovod's per-rank
+    batch size (the global batch is N*B, or ``global_batch``); ``strategy``: a name, built with
+    ``make_strategy(strategy, N, batch_size, global_batch=, seed=)``, or a Strategy; ``seed``:
+    the sample order, the per-sample augmentation and dropout seeds, and ``random``'s draws.
+    Other ``options`` go to :class:`Balancer` (``rebalance_every``, ``monitor``, ``max_batch``,
+    ``window``, ``lag``)."""
+    from mpi4py import MPI
+
+    one_line_errors()
+    length = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else len(dataset)
+    comm = MPI.COMM_WORLD.Dup() if comm is None else comm
+    leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
+    _check_horovod_world(comm.Get_size())
+    if isinstance(strategy, str):
+        strategy = make_strategy(strategy, comm.Get_size(), batch_size, global_batch=global_batch, seed=seed)
+    elif global_batch is not None:
+        raise UsageError("global_batch= belongs to the strategy: make_strategy(name, N, B, global_batch=G)")
+    note = arrange_for_shared_cores(dict(os.environ))  # on a copy: MPI has started, too late to set it
+    if note and comm.Get_rank() == 0:
+        print(
+            "bno-hvd: note: ranks outnumber this host's cores and OMPI_MCA_mpi_yield_when_idle is not set; "
+            "export it (source launch/mpi-env) before horovodrun, or waiting ranks busy-poll the cores",
+            file=sys.stderr,
+            flush=True,
+        )
+    return cls(comm, strategy, length, seed=seed, **options)
+
+
+def _check_horovod_world(size: int) -> None:
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and hvd.is_initialized() and hvd.size() != size:
+        raise UsageError(
+            f"mpi4py sees {size} ranks but Horovod sees {hvd.size()}; "
+            "launch with horovodrun --mpi (not --gloo) or mpirun"
+        )
+
+
+class DataLoader:
+    """Where a Horovod script has ``torch.utils.data.DataLoader(dataset, batch_size=B,
+    sampler=DistributedSampler(...), **options)``: ``DataLoader(dataset, sampler=balancer, **options)``.
+
+    Iterating yields exactly what torch's DataLoader would (the collated batch, e.g.
+    ``(data, target)``), this rank's slice of each global batch; the arrival of a batch starts its
+    step. Batch size and order belong to the balancer, so ``batch_size``, ``shuffle``,
+    ``sampler`` (other than the balancer), ``batch_sampler`` and ``drop_last`` are refused;
+    loading options (``num_workers``, ``pin_memory``, ``collate_fn``, ...) are passed on.
+
+    One ``for`` over it is one epoch of the balancer's stream, from where the stream stands.
+    ``len()`` is the number of batches the ``for`` in progress (or the next one) yields, at the
+    newest global batch: exact unless the global batch changes during the epoch (only ``bno``
+    changes it)."""
+
+    def __init__(self, dataset, sampler=None, **options):
+        if not isinstance(sampler, Balancer):
+            raise UsageError(
+                "bno_hvd.DataLoader needs sampler=<the Balancer> (Balancer.for_world(...)), "
+                f"got {type(sampler).__name__}"
+            )
+        one_line_errors()
+        self.dataset, self.sampler, self.balancer = dataset, sampler, sampler
+        self.loader = sampler.loader(dataset, **options)  # the DataLoader of Batch objects (checks options)
+        self._pass: tuple[int, int] | None = None  # (first update, epoch) of the `for` in progress
+
+    def __iter__(self):
+        bal = self.balancer
+        bal.finish_step()  # a batch whose optimizer.step() never came ends here, before the next is drawn
+        batches = iter(self.loader)
+        self._pass = (bal.update, bal.sampler.epoch)
+        try:
+            while True:
+                bal.finish_step()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                bal.start_step(batch)
+                yield batch.data
+        finally:
+            self._pass = None
+
+    def __len__(self) -> int:
+        bal = self.balancer
+        position, total = bal.sampler.position, sum(bal.plan.latest())
+        if self._pass is None:
+            return updates_left(bal.sampler.dataset_len, position.offset, total)
+        first, epoch = self._pass
+        left = updates_left(bal.sampler.dataset_len, position.offset, total) if position.epoch == epoch else 0
+        return bal.update - first + left
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes one word
+    optimizer,
+    named_parameters=None,
+    *,
+    balancer,
+    op=None,
+    gradient_predivide_factor=1.0,
+    lr_scaling="linear",
+    **horovod_options,
+):
+    """``hvd.DistributedOptimizer`` for uneven batches: the update is exactly the single-process
+    update on the whole global batch. Takes Horovod's arguments (``compression``,
+    ``backward_passes_per_step``, ``groups``, ``sparse_as_dense``, ...) and ``balancer``.
+
+    ``op``: ``hvd.Average`` (the default, as in Horovod): the mean gradient over the global batch,
+    for losses that average over their batch; ``hvd.Sum``: gradients summed unweighted, for losses
+    that sum over samples; ``hvd.Adasum`` only where batches are always even (``equal``).
+    ``gradient_predivide_factor`` other than 1 is refused. ``lr_scaling='linear'``: when the
+    strategy changes the global batch (``bno``), each step uses lr * G_t / G (G_t this update's
+    global batch, G the strategy's); ``'none'``: the learning rate as set."""
+    import horovod.torch as hvd
+
+    one_line_errors()
+    if not isinstance(balancer, Balancer):
+        raise UsageError(f"DistributedOptimizer needs balancer=<the Balancer>, got {type(balancer).__name__}")
+    if hasattr(optimizer, "synchronize"):
+        raise UsageError("pass the plain torch optimizer: bno_hvd.DistributedOptimizer wraps it in Horovod's itself")
+    if lr_scaling not in ("linear", "none"):
+        raise UsageError(f"lr_scaling must be 'linear' or 'none', got {lr_scaling!r}")
+    if horovod_options.get("process_set", hvd.global_process_set) is not hvd.global_process_set:
+        raise UsageError("process_set: the balancer's shares are over every rank; use the global process set")
+    names = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min", hvd.Max: "max"}
+    strategy = balancer.strategy
+    even = keeps_batches_even(strategy.name, strategy.initial())
+    user_op = "average" if op is None else names.get(op, str(op))
+    reduce_op, weighted = gradient_reduction(user_op, even, gradient_predivide_factor)
+    wrapped = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=named_parameters,
+        op=hvd.Adasum if reduce_op == "adasum" else hvd.Sum,
+        **horovod_options,
+    )
+    params = [p for group in wrapped.param_groups for p in group["params"] if p.requires_grad]
+    wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
+    wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
+    return wrapped
+
+
+def _step(self, *args, **kwargs):
+    return self._bno_driver.step(self, *args, **kwargs)
+
+
+class _StepDriver:
+    """The balancer's side of each optimizer step (see the module doc)."""
+
+    def __init__(self, balancer, params, weighted: bool, lr_scaling: str, inner_step):
+        self.balancer, self.weighted, self.lr_scaling, self.inner_step = balancer, weighted, lr_scaling, inner_step
+        self._queued = False  # the end-of-backward callback is queued for the pass under way
+        self.hooks = [p.register_hook(self._scale) for p in params]
+
+    def _scale(self, grad):
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        step = self.balancer.current_step
+        if step is None:
+            # Raised here, before any allreduce of this backward pass starts, on every rank alike:
+            # from step() a rank that left first would shut Horovod down under the others' allreduces.
+            self._queued = False
+            raise UsageError(
+                "a backward pass for a batch that did not come from the balancer: build the loader with "
+                "bno_hvd.DataLoader(dataset, sampler=balancer, ...)"
+            )
+        return grad * step.weight if self.weighted else None
+
+    def _backward_done(self):
+        self._queued = False
+        self.balancer.mark_backward_end()
+
+    def step(self, optimizer, *args, **kwargs):
+        bal = self.balancer
+        if bal.current_step is None:
+            raise UsageError(
+                "optimizer.step() for a batch that did not come from the balancer: build the loader with "
+                "bno_hvd.DataLoader(dataset, sampler=balancer, ...)"
+            )
+        if not bal.compute_ended:
+            bal.end_compute()
+        factor = self.lr_factor(bal.current_step.global_batch)
+        saved = [group["lr"] for group in optimizer.param_groups]
+        if factor != 1.0:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * factor
+        try:
+            out = self.inner_step(*args, **kwargs)
+        finally:
+            for group, lr in zip(optimizer.param_groups, saved):
+                group["lr"] = lr  # the user's value (a scheduler's) stays theirs
+        self._queued = False
+        bal.end_step()
+        return out
+
+    def lr_factor(self, global_batch: int) -> float:
+        strategy = self.balancer.strategy
+        if self.lr_scaling == "none" or not strategy.changes_global_batch:
+            return 1.0
+        return scaled_lr(1.0, global_batch, 1, strategy.global_batch, self.lr_scaling)
+
+
+def one_line_errors() -> None:
+    """Make a :class:`UsageError` or :class:`TrainingError` that ends the script one
+    ``bno-hvd: error:`` line on stderr (rank 0's, or the rank that alone found it, which then
+    aborts the job so no rank waits for it) and exit code 2 or 1, as the CLI does. Other
+    exceptions keep Python's report. Installed by the drop-in constructors; idempotent."""
+    if getattr(sys.excepthook, "bno_hvd", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, err, traceback):
+        if not isinstance(err, (UsageError, TrainingError)):
+            return previous(kind, err, traceback)
+        exit_with_error(str(err), err.exit_code, only_this_rank=err.rank)
+
+    hook.bno_hvd = True
+    sys.excepthook = hook

@@ -1,0 +1,64 @@
+"""One update as one rank sees it: what :meth:`bno_hvd.library.balancer.Balancer.start_step` gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bno_hvd.allocation.microbatch import token_parts, token_shares
+
+__all__ = ["Step"]
+
+
+@dataclass
+class Step:
+    """One update as seen by one rank."""
+
+    update: int
+    batch_sizes: list[int]  # every rank's batch this update
+    weight: float  # n_rank / sum(n): multiply the mean loss by it, allreduce with Sum
+    size: int  # this rank's batch
+    indices: np.ndarray | None = None  # without a loader: this rank's sample indices
+    cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
+    keys: tuple = ()  # with a loader: (epoch, index) of every sample of this rank's batch
+    # samples of their own lengths (a Balancer made with ``lengths``): this rank's, in batch order
+    lengths: np.ndarray | None = None
+    global_tokens: int | None = None  # the lengths' sum over the global batch
+    token_cap: int | None = None  # memory cap in padded tokens per pass (--max-tokens)
+    shares: list[int] | None = None  # allocated by work: every rank's share (batch_sizes: its sequences)
+    work: int | None = None  # this rank's work (costmodel.UNITS per average sequence), with shares or work
+    emulated_work: float | None = None  # what an EMULATED device takes time for (the measured cost), if given
+
+    @property
+    def micro_batches(self) -> int:
+        """Forward/backward passes this rank's batch takes under its memory cap."""
+        if self.lengths is not None:
+            return len(token_parts(self.lengths, self.token_cap))
+        return 1 if self.cap is None else -(-self.size // self.cap)
+
+    @property
+    def tokens(self) -> int | None:
+        """This rank's tokens (the lengths' sum), None without lengths."""
+        return None if self.lengths is None else int(self.lengths.sum())
+
+    def parts(self):
+        """``(slice, share)`` per micro-batch: the samples of one pass, and their share of the
+        batch (of its samples; of its tokens when the samples have lengths)."""
+        if self.lengths is not None:
+            parts = token_parts(self.lengths, self.token_cap)
+            for (start, stop), share in zip(parts, token_shares(self.lengths, parts)):
+                yield slice(start, stop), share
+            return
+        per = self.size if self.cap is None else self.cap
+        for start in range(0, self.size, per):
+            stop = min(self.size, start + per)
+            yield slice(start, stop), (stop - start) / self.size
+
+    @property
+    def batch_size(self) -> int:
+        return self.size
+
+    @property
+    def global_batch(self) -> int:
+        return int(sum(self.batch_sizes))

@@ -1,0 +1,12 @@
+"""PROCESS PLUMBING: what every rank of a job needs before and around training - MPI, then
+Horovod, their settings, memory and waiting. May import :mod:`bno_hvd.common` only.
+
+- :mod:`.world` - MPI, then Horovod, in every rank; leaving together; one error line per job
+- :mod:`.gloo` - Horovod over Gloo inside an MPI job (its rendezvous)
+- :mod:`.mpienv` - MPI settings in a rank (and ``launch/mpi-env``'s exports)
+- :mod:`.heap` - malloc thresholds: freed memory stays in each rank's heap
+- :mod:`.collector` - the setup kept out of Python's garbage collections
+- :mod:`.collectives` - waits on collectives that sleep instead of spinning
+- :mod:`.device` - CPU or GPU, mixed precision (``--amp``), the memory cap
+- :mod:`.cpulimit` - the cgroup CPU limit a rank runs under, and whether it binds
+"""

@@ -1,0 +1,14 @@
+"""THE ``bno-hvd train`` APPLICATION: a whole training run built from one config. May import
+:mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`, :mod:`bno_hvd.data`, :mod:`bno_hvd.library`
+and :mod:`bno_hvd.processes`; never the lab or the CLI (lab behaviour enters a run through a
+:class:`~bno_hvd.training.hooks.Plugin`).
+
+- :mod:`.config` - one frozen dataclass, validated by a table (:mod:`.textrules`: the text fields' checks)
+- :mod:`.components` - builds a run from its config
+- :mod:`.loop` - the update loop (with :mod:`.stopwatch`, training seconds that pause for evaluation)
+- :mod:`.hooks` - the hooks a plugin adds to a run
+- :mod:`.tasks` - images or text: batches, loss, score; :mod:`.evaluation` - the test score
+- :mod:`.calibrate` - the cost of a sequence, measured at start-up
+- :mod:`.checkpoint` - model, optimizer, balancer and RNG state, written atomically
+- what a run writes: :mod:`.results`, :mod:`.runlog`, :mod:`.runstats`, :mod:`.stragglers`, :mod:`.tensorboard`
+"""

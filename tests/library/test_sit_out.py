@@ -1,0 +1,74 @@
+"""A rank that sits out and comes back (``balanced``'s ``sit_out``, :mod:`bno_hvd.library.catchup`):
+real Horovod process sets, the real DataLoader with its empty batches, real Fashion-MNIST.
+
+Rank 3 is an EMULATED device at 2% of the others' speed until update 15, then as fast: one of
+its samples takes longer than the other ranks' whole update, so ``balanced`` lets it sit out
+(whatever the machine's load: the gap is 5x), measures it again after ``sit_out=1`` rebalance
+out, and takes it back once it is fast. The parameters after 30 updates (Adam, float64: its
+moments travel with the state a returning rank receives) must be those of one process on the
+same global batches."""
+
+import json
+
+import torch
+from support.checks import max_relative_difference
+from support.jobs import assert_ok, bno_cmd, horovodrun
+
+COMMON = ("--updates", "30", "--optimizer", "adam", "--dtype", "float64", "--lr", "0.01", "--seed", "5")
+COMMON += ("--base-batch-size", "8", "--no-eval", "--no-progress", "--latency-interval", "0")
+
+
+def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_available):
+    schedule = tmp_path / "speeds.json"
+    schedule.write_text(json.dumps([{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 15, "speeds": [1] * 4}]))
+    multi = tmp_path / "multi"
+    args = bno_cmd(
+        "train",
+        "--strategy",
+        "balanced:sit_out=1",
+        "--rebalance-every",
+        "3",
+        "--emulate-schedule",
+        str(schedule),
+        "--emulate-rate",
+        "100",
+        "--num-workers",
+        "1",
+        "--log-dir",
+        str(multi),
+        "--save-model",
+        str(tmp_path / "multi.pt"),
+        *COMMON,
+    )
+    assert_ok(horovodrun(4, args, timeout=400))
+    records = [json.loads(line) for line in open(multi / "updates.jsonl")]
+    sizes = [r["batch_sizes"] for r in records if "batch_sizes" in r]
+    notes = [r["rebalance_note"] for r in records if r.get("rebalance_note")]
+    out = [u for u, s in enumerate(sizes) if s[3] == 0]
+    assert out and out[0] < 15, sizes  # it sat out while it was slow
+    assert all(sum(s) == 32 and s[0] > 0 and s.count(0) <= 1 for s in sizes)
+    assert any(n.startswith("rank 3 sits out:") for n in notes), notes
+    assert any(n.startswith("rank 3 is back") for n in notes), notes
+    models = [r["rebalance_model"] for r in records if r.get("rebalance_model")]  # why each split, per rank
+    assert len(models) >= 8 and all(len(v) == 4 for m in models for v in m.values()), models[:1]
+    first = models[0]["per_sample_ms"]  # an emulated sample at 2% of the speed: 500 ms against ~10
+    assert first[3] > 5 * max(first[:3]), first
+    assert min(s[3] for s in sizes[15 + 3 * 3 :]) >= 4, sizes  # back at a fast rank's share
+    mine = json.load(open(multi / "ranks.json"))["ranks"][3]  # what rank 3 logged of its own updates
+    assert mine["batch"] == [s[3] for s in sizes]
+    # an update it sat out took it no compute (an emulated one of its samples takes 0.5 s)
+    assert max(t for b, t in zip(mine["batch"], mine["compute"]) if b == 0) < 0.1
+    # the state it got when it came back is logged apart, by it and by rank 0 that sent it
+    back = [u for u in range(1, len(sizes)) if sizes[u - 1][3] == 0 and sizes[u][3] > 0]
+    zero = json.load(open(multi / "ranks.json"))["ranks"][0]
+    assert back and all(mine["catch_up"][u] > 0 and zero["catch_up"][u] > 0 for u in back), back
+    assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back)
+
+    single = tmp_path / "single.pt"
+    solo = bno_cmd("train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(single), *COMMON)
+    solo[solo.index("--base-batch-size") + 1] = "32"
+    assert_ok(horovodrun(1, solo, timeout=300))
+    a, b = torch.load(tmp_path / "multi.pt", weights_only=True), torch.load(single, weights_only=True)
+    diff = max_relative_difference(a, b)
+    print(f"sat out and came back: max relative difference {diff:.3e}")
+    assert diff <= 1e-9

@@ -1,0 +1,119 @@
+"""Device selection (pure, checked here on a CPU machine for every case a GPU cluster has), the
+memory cap derived from a measured step, mixed precision on the CPU (bfloat16, a real run), and
+the GPU tests, which skip with the reason where there is no CUDA device."""
+
+import re
+
+import pytest
+import torch
+from support.jobs import assert_ok, bno_cmd, horovodrun
+
+from bno_hvd.common.errors import UsageError
+from bno_hvd.processes.device import Device, derive_cap, select_device
+
+NO_GPU = "no CUDA device on this machine (torch.cuda.is_available() is False)"
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+
+
+@pytest.mark.parametrize(
+    "requested,available,count,local_rank,expected",
+    [
+        ("auto", False, 0, 0, "cpu"),  # this machine
+        ("auto", True, 4, 2, "cuda:2"),  # one GPU per local rank
+        ("auto", True, 0, 0, "cpu"),  # a CUDA build of torch with no device visible
+        ("cpu", True, 4, 3, "cpu"),
+        ("cuda", True, 2, 1, "cuda:1"),
+    ],
+)
+def test_device_selection(requested, available, count, local_rank, expected):
+    assert select_device(requested, available, count, local_rank) == expected
+
+
+def test_device_selection_errors_say_what_to_do():
+    with pytest.raises(UsageError, match="no CUDA device here.*use --device cpu or auto"):
+        select_device("cuda", False, 0, 0)
+    with pytest.raises(UsageError, match="2 GPU\\(s\\) but runs a rank with local rank 3.*at most 2 ranks per host"):
+        select_device("auto", True, 2, 3)
+    with pytest.raises(UsageError, match="--device 'tpu'"):
+        select_device("tpu", False, 0, 0)
+
+
+def test_a_cap_from_measured_memory_per_sample():
+    # 2 GiB of model and optimizer, a 64-sample pass peaked 1 GiB above that: 16 MiB per sample;
+    # 90% of a 16 GiB device leaves 12.4 GiB: 793 samples per pass
+    gib = 2**30
+    assert derive_cap(3 * gib, 2 * gib, 64, 16 * gib) == int((0.9 * 16 * gib - 2 * gib) // (gib / 64))
+    with pytest.raises(UsageError, match="leaves room for no sample"):
+        derive_cap(3 * gib, 2 * gib, 64, 2 * gib)
+
+
+def test_cpu_device_and_bfloat16_autocast():
+    device = Device("cpu", amp=True)
+    assert not device.is_cuda and device.grad_scaler() is None
+    device.synchronize()  # a no-op on the CPU
+    with device.autocast():
+        out = torch.nn.Linear(4, 2)(torch.ones(3, 4))
+    assert out.dtype == torch.bfloat16
+
+
+def test_mixed_precision_on_the_cpu_trains(tmp_path):
+    proc = horovodrun(
+        2,
+        bno_cmd(
+            "train",
+            "--dataset",
+            "synthetic",
+            "--amp",
+            "--device",
+            "cpu",
+            "--updates",
+            "30",
+            "--base-batch-size",
+            "16",
+            "--lr",
+            "0.05",
+            "--no-progress",
+            "--latency-interval",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+        ),
+        timeout=300,
+    )
+    assert_ok(proc)
+    acc = float(re.search(r"test accuracy: ([0-9.]+)", proc.stdout).group(1))
+    assert acc > 0.3, proc.stdout[-1000:]
+
+
+@needs_gpu
+def test_gpu_ranks_train_with_amp_and_a_derived_cap(tmp_path):
+    count = torch.cuda.device_count()
+    proc = horovodrun(
+        count,
+        bno_cmd(
+            "train",
+            "--dataset",
+            "synthetic",
+            "--device",
+            "cuda",
+            "--amp",
+            "--updates",
+            "40",
+            "--no-progress",
+            "--latency-interval",
+            "0",
+            "--log-dir",
+            str(tmp_path),
+        ),
+        timeout=600,
+    )
+    assert_ok(proc)
+    assert "test accuracy" in proc.stdout
+
+
+@needs_gpu
+def test_gpu_memory_is_what_the_monitor_reports():
+    from bno_hvd.library.control.monitor import process_memory_bytes
+
+    x = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")
+    assert process_memory_bytes("cuda:0") >= x.numel()

@@ -20,66 +20,23 @@ optimizer.step()``. What happens instead of the explicit calls (:mod:`bno_hvd.li
   The end of the last backward pass ends the compute phase (an autograd-engine callback);
   ``step()`` waits for the allreduce, steps, and ends the update (every K updates: rebalance).
 - A :class:`~bno_hvd.common.errors.UsageError` that ends the script is one ``bno-hvd: error:``
-  line on stderr and exit code 2, as in the CLI (:func:`one_line_errors`).
+  line on stderr and exit code 2, as in the CLI
+  (:func:`~bno_hvd.processes.world.one_line_errors`).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import types
 
 import torch
 
-from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even, scaled_lr
-from bno_hvd.common.errors import TrainingError, UsageError
+from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
-from bno_hvd.processes.mpienv import arrange_for_shared_cores
-from bno_hvd.processes.world import exit_with_error, leave_together
+from bno_hvd.processes.world import one_line_errors
 
-__all__ = ["DataLoader", "DistributedOptimizer", "one_line_errors", "world_balancer"]
-
-
-def world_balancer(cls, dataset, batch_size, strategy="balanced", *, global_batch=None, seed=0, comm=None, **options):
-    """``Balancer.for_world``: a Balancer over a duplicate of ``MPI.COMM_WORLD`` (or ``comm``).
-
-    ``dataset`` (or its length); ``batch_size``: the per-rank base batch B, as Horovod's per-rank
-    batch size (the global batch is N*B, or ``global_batch``); ``strategy``: a name, built with
-    ``make_strategy(strategy, N, batch_size, global_batch=, seed=)``, or a Strategy; ``seed``:
-    the sample order, the per-sample augmentation and dropout seeds, and ``random``'s draws.
-    Other ``options`` go to :class:`Balancer` (``rebalance_every``, ``monitor``, ``max_batch``,
-    ``window``, ``lag``)."""
-    from mpi4py import MPI
-
-    one_line_errors()
-    length = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else len(dataset)
-    comm = MPI.COMM_WORLD.Dup() if comm is None else comm
-    leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
-    _check_horovod_world(comm.Get_size())
-    if isinstance(strategy, str):
-        strategy = make_strategy(strategy, comm.Get_size(), batch_size, global_batch=global_batch, seed=seed)
-    elif global_batch is not None:
-        raise UsageError("global_batch= belongs to the strategy: make_strategy(name, N, B, global_batch=G)")
-    note = arrange_for_shared_cores(dict(os.environ))  # on a copy: MPI has started, too late to set it
-    if note and comm.Get_rank() == 0:
-        print(
-            "bno-hvd: note: ranks outnumber this host's cores and OMPI_MCA_mpi_yield_when_idle is not set; "
-            "export it (source launch/mpi-env) before horovodrun, or waiting ranks busy-poll the cores",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cls(comm, strategy, length, seed=seed, **options)
-
-
-def _check_horovod_world(size: int) -> None:
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is not None and hvd.is_initialized() and hvd.size() != size:
-        raise UsageError(
-            f"mpi4py sees {size} ranks but Horovod sees {hvd.size()}; "
-            "launch with horovodrun --mpi (not --gloo) or mpirun"
-        )
+__all__ = ["DataLoader", "DistributedOptimizer"]
 
 
 class DataLoader:
@@ -242,21 +199,3 @@ class _StepDriver:
         if self.lr_scaling == "none" or not strategy.changes_global_batch:
             return 1.0
         return scaled_lr(1.0, global_batch, 1, strategy.global_batch, self.lr_scaling)
-
-
-def one_line_errors() -> None:
-    """Make a :class:`UsageError` or :class:`TrainingError` that ends the script one
-    ``bno-hvd: error:`` line on stderr (rank 0's, or the rank that alone found it, which then
-    aborts the job so no rank waits for it) and exit code 2 or 1, as the CLI does. Other
-    exceptions keep Python's report. Installed by the drop-in constructors; idempotent."""
-    if getattr(sys.excepthook, "bno_hvd", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, err, traceback):
-        if not isinstance(err, (UsageError, TrainingError)):
-            return previous(kind, err, traceback)
-        exit_with_error(str(err), err.exit_code, only_this_rank=err.rank)
-
-    hook.bno_hvd = True
-    sys.excepthook = hook

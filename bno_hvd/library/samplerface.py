@@ -1,15 +1,22 @@
 """What Horovod's ``DistributedSampler`` offers a script, on the :class:`~bno_hvd.library.balancer.Balancer`.
 
-A Horovod script calls ``train_sampler.set_epoch(e)`` and ``len(train_sampler)``; the drop-in
-surface (:mod:`bno_hvd.library.dropin`) puts a Balancer in the sampler's place, so the Balancer
-answers them here, and ``Balancer.for_world`` builds one the way a script builds its sampler.
+A Horovod script builds its sampler over the world, and calls ``train_sampler.set_epoch(e)`` and
+``len(train_sampler)``; the drop-in surface (:mod:`bno_hvd.library.dropin`) puts a Balancer in the
+sampler's place, so ``Balancer.for_world`` builds one the way a script builds its sampler, and the
+Balancer answers the sampler's calls here.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
+from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.sampler import epoch_share
 from bno_hvd.allocation.weighting import scaled_lr
 from bno_hvd.common.errors import UsageError
+from bno_hvd.processes.mpienv import arrange_for_shared_cores
+from bno_hvd.processes.world import leave_together, one_line_errors
 
 
 class SamplerFace:
@@ -17,12 +24,38 @@ class SamplerFace:
     ``sampler``, ``plan``, ``rank`` and ``strategy``)."""
 
     @classmethod
-    def for_world(cls, dataset, batch_size: int, strategy="balanced", **options) -> Balancer:  # noqa: F821 - the subclass
-        """A Balancer over every rank of ``MPI.COMM_WORLD`` (a duplicate of it), the drop-in for
-        Horovod's ``DistributedSampler``: see :func:`bno_hvd.library.dropin.world_balancer`."""
-        from bno_hvd.library.dropin import world_balancer
+    def for_world(
+        cls, dataset, batch_size: int, strategy="balanced", *, global_batch=None, seed=0, comm=None, **options
+    ) -> Balancer:  # noqa: F821 - the subclass
+        """A Balancer over a duplicate of ``MPI.COMM_WORLD`` (or ``comm``), the drop-in for
+        Horovod's ``DistributedSampler``.
 
-        return world_balancer(cls, dataset, batch_size, strategy, **options)
+        ``dataset`` (or its length); ``batch_size``: the per-rank base batch B, as Horovod's per-rank
+        batch size (the global batch is N*B, or ``global_batch``); ``strategy``: a name, built with
+        ``make_strategy(strategy, N, batch_size, global_batch=, seed=)``, or a Strategy; ``seed``:
+        the sample order, the per-sample augmentation and dropout seeds, and ``random``'s draws.
+        Other ``options`` go to :class:`~bno_hvd.library.balancer.Balancer` (``rebalance_every``,
+        ``monitor``, ``max_batch``, ``window``, ``lag``)."""
+        from mpi4py import MPI
+
+        one_line_errors()
+        length = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else len(dataset)
+        comm = MPI.COMM_WORLD.Dup() if comm is None else comm
+        leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
+        _check_horovod_world(comm.Get_size())
+        if isinstance(strategy, str):
+            strategy = make_strategy(strategy, comm.Get_size(), batch_size, global_batch=global_batch, seed=seed)
+        elif global_batch is not None:
+            raise UsageError("global_batch= belongs to the strategy: make_strategy(name, N, B, global_batch=G)")
+        note = arrange_for_shared_cores(dict(os.environ))  # on a copy: MPI has started, too late to set it
+        if note and comm.Get_rank() == 0:
+            print(
+                "bno-hvd: note: ranks outnumber this host's cores and OMPI_MCA_mpi_yield_when_idle is not set; "
+                "export it (source launch/mpi-env) before horovodrun, or waiting ranks busy-poll the cores",
+                file=sys.stderr,
+                flush=True,
+            )
+        return cls(comm, strategy, length, seed=seed, **options)
 
     # -- what a DistributedSampler offers (Horovod scripts call these) ---------------------
 
@@ -48,3 +81,12 @@ class SamplerFace:
         ``hvd.size()`` when the global batch is N*B, the default. A changing global batch
         (``bno``) is followed per update by :func:`bno_hvd.DistributedOptimizer`."""
         return scaled_lr(1.0, self.strategy.global_batch, 1, self.strategy.base_batch_size, rule)
+
+
+def _check_horovod_world(size: int) -> None:
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and hvd.is_initialized() and hvd.size() != size:
+        raise UsageError(
+            f"mpi4py sees {size} ranks but Horovod sees {hvd.size()}; "
+            "launch with horovodrun --mpi (not --gloo) or mpirun"
+        )

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.processes.cpulimit import cpu_limit
 from bno_hvd.processes.gloo import close_rendezvous, init_gloo_env
 from bno_hvd.processes.heap import keep_freed_memory
@@ -50,6 +50,24 @@ def exit_with_error(message: str, code: int, *, only_this_rank: int | None = Non
     if launched_rank() == 0:
         _say(f"bno-hvd: error: {message}")
     sys.exit(code)
+
+
+def one_line_errors() -> None:
+    """Make a :class:`UsageError` or :class:`TrainingError` that ends the script one
+    ``bno-hvd: error:`` line on stderr (rank 0's, or the rank that alone found it, which then
+    aborts the job so no rank waits for it) and exit code 2 or 1, as the CLI does. Other
+    exceptions keep Python's report. Installed by the drop-in constructors (:mod:`bno_hvd.library`); idempotent."""
+    if getattr(sys.excepthook, "bno_hvd", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, err, traceback):
+        if not isinstance(err, (UsageError, TrainingError)):
+            return previous(kind, err, traceback)
+        exit_with_error(str(err), err.exit_code, only_this_rank=err.rank)
+
+    hook.bno_hvd = True
+    sys.excepthook = hook
 
 
 def _say(line: str) -> None:

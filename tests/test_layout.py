@@ -4,6 +4,8 @@
 - every wing's ``__init__`` docstring says what it holds and what it may import, and the imports
   keep to it (the production path - common, allocation, data, processes, library, training - never imports the lab
   or the CLI; the method is pure);
+- every package's ``__init__`` docstring names each of its modules and subpackages;
+- no import circle between the package's modules (imports inside functions count too);
 - no module name used twice in the package; no file over 350 lines (package, tests, examples,
   benchmarks); no function over complexity 15 (ruff C901, which the test command runs).
 """
@@ -80,6 +82,85 @@ def test_a_wing_imports_only_what_it_may(wing):
             if wing == "allocation" and parts[0] in NOT_IN_THE_METHOD:
                 wrong.append(f"{os.path.relpath(path, ROOT)} imports {name}: the method is pure")
     assert not wrong, "\n".join(wrong)
+
+
+def packages():
+    """Every package directory of bno_hvd below the top (wings and their subpackages)."""
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        if folder != PACKAGE and "__init__.py" in files:
+            yield folder
+
+
+@pytest.mark.parametrize("folder", sorted(os.path.relpath(f, ROOT) for f in packages()))
+def test_every_package_lists_its_modules(folder):
+    doc = ast.get_docstring(ast.parse(open(os.path.join(ROOT, folder, "__init__.py")).read())) or ""
+    entries = sorted(os.listdir(os.path.join(ROOT, folder)))
+    modules = [e[:-3] for e in entries if e.endswith(".py") and e != "__init__.py"]
+    modules += [e for e in entries if os.path.isfile(os.path.join(ROOT, folder, e, "__init__.py"))]
+    missing = [m for m in modules if f":mod:`.{m}`" not in doc]
+    assert not missing, f"{folder}/__init__.py's docstring does not name {missing} (as :mod:`.name`)"
+
+
+def test_the_package_docstring_names_every_wing():
+    doc = ast.get_docstring(ast.parse(open(os.path.join(PACKAGE, "__init__.py")).read()))
+    missing = [wing for wing in MAY_IMPORT if f":mod:`bno_hvd.{wing}`" not in doc]
+    assert not missing, f"bno_hvd/__init__.py's docstring does not name {missing}"
+
+
+def module_graph():
+    """{module: the bno_hvd modules it imports}, read from the source (imports inside functions too).
+    ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``."""
+    names = {}
+    for path in python_files("bno_hvd"):
+        rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+        names[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = path
+    graph = {}
+    for module, path in names.items():
+        edges = set()
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    edges.add(full if full in names else node.module)
+        graph[module] = sorted(e for e in edges if e in names and e != module)
+    return graph
+
+
+def find_cycle(graph):
+    """One import circle as a list of modules (first == last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    graph = module_graph()
+    assert "bno_hvd.library.balancer" in graph["bno_hvd.library.dropin"]  # the graph was read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": []}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None
 
 
 def test_no_module_name_is_used_twice():

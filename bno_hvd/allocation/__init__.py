@@ -10,7 +10,7 @@ Pure: no MPI, no Horovod, no torch, no clock; every number arrives as an argumen
 * :mod:`.plan`      - which sizes each update uses    * :mod:`.sampler`    - the sample stream, every sample once
 * :mod:`.weighting` - loss weights, LR scaling        * :mod:`.throughput` - OPS over a window of steps
 * :mod:`.costmodel` - a sequence's cost, work units   * :mod:`.partition` - shares of work -> sequences
-* :mod:`.microbatch` - micro-batches under a token cap
+* :mod:`.microbatch` - micro-batches under a token cap * :mod:`.sitting`    - when a rank sits out, and is back
 
 Usage::
 

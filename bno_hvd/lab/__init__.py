@@ -11,6 +11,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.faults` - injected faults for the reliability tests
 - :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
 - :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
+- :mod:`.shares` - whether ranks with one CPU limit get one share (a suite's ``balanced`` updates)
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
 - :mod:`.pairing`, :mod:`.stalls` - ``bench --rounds``: paired ratios; single updates that stalled, and why
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity

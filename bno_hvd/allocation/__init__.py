@@ -18,7 +18,7 @@ Usage::
     sizes = strategy.initial()
 """
 
-from bno_hvd.allocation.balanced import BalancedStrategy
+from bno_hvd.allocation.balanced import EqualFinishStrategy
 from bno_hvd.allocation.baselines import (
     EqualStrategy,
     FixedStrategy,
@@ -43,7 +43,7 @@ _CLASSES = {
     cls.name: cls
     for cls in (
         BNOStrategy,
-        BalancedStrategy,
+        EqualFinishStrategy,
         EqualStrategy,
         RandomStrategy,
         FixedStrategy,
@@ -139,7 +139,7 @@ __all__ = [
     "load_metrics_file",
     "metrics_to_json",
     "BNOStrategy",
-    "BalancedStrategy",
+    "EqualFinishStrategy",
     "EqualStrategy",
     "RandomStrategy",
     "FixedStrategy",

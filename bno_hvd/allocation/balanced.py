@@ -124,7 +124,7 @@ def sigmas_for(n_ranks: int, false_moves: float = 0.05) -> float:
     return NormalDist().inv_cdf(1.0 - false_moves / max(int(n_ranks), 1))
 
 
-class BalancedStrategy(Strategy):
+class EqualFinishStrategy(Strategy):
     """Fixed global batch, split so all ranks finish compute at the same time (see module doc)."""
 
     name = "balanced"

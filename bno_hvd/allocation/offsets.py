@@ -27,7 +27,7 @@ def arrival_penalties(sync_samples, sigmas: float = 2.0) -> np.ndarray:
     The penalty is that difference less ``sigmas`` standard errors (Welch), and 0 below that:
     under CPU quotas the allreduce jitters by several ms (a quota period hit or not), and on
     equal ranks a "penalty" of noise moved samples back and forth (measured: 0.88x equal on four
-    ranks at 0.5 of a core). :class:`BalancedStrategy` keeps the rows of its last
+    ranks at 0.5 of a core). :class:`EqualFinishStrategy` keeps the rows of its last
     ``arrival_window`` updates, since each rank is last in only about 1/N of them.
     """
     rows = list(complete_rows(sync_samples).values())

@@ -31,7 +31,7 @@ def strategy(**options):
     return make_strategy("balanced", 4, 25, **options)
 
 
-# -- BalancedStrategy ------------------------------------------------------------------------
+# -- EqualFinishStrategy ------------------------------------------------------------------------
 
 
 def test_speeds_one_one_one_third_split_proportional_to_speed():

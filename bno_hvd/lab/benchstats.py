@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bno_hvd.library.timing import RankStep
-from bno_hvd.training.results import UpdateRecord
-from bno_hvd.training.runstats import (
+from bno_hvd.training.results import (
+    UpdateRecord,
     compute_balance,
     compute_balance_of_means,
     outside_compute_share,

@@ -1,4 +1,5 @@
-"""Sitting out: a rank with no samples in an update leaves the gradient allreduce, and catches up.
+"""Catching up: a rank that sat an update out (no samples, no part in the allreduce) receives rank 0's
+state before it computes again.
 
 ``balanced`` may give a rank 0 samples (:mod:`bno_hvd.allocation.balanced`, option ``sit_out``)
 when its part of the allreduce costs the cluster more than the samples it computes are worth:
@@ -19,7 +20,7 @@ from __future__ import annotations
 TAG = 7301  # the control communicator's point-to-point tag of a catch-up
 
 
-class SitOut:
+class CatchUp:
     """Which ranks are behind, and what the gradient allreduce of an update runs over (every rank)."""
 
     def __init__(self, world, model, optimizer):

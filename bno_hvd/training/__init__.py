@@ -10,5 +10,6 @@ and :mod:`bno_hvd.processes`; never the lab or the CLI (lab behaviour enters a r
 - :mod:`.tasks` - images or text: batches, loss, score; :mod:`.evaluation` - the test score
 - :mod:`.calibrate` - the cost of a sequence, measured at start-up
 - :mod:`.checkpoint` - model, optimizer, balancer and RNG state, written atomically
-- what a run writes: :mod:`.results`, :mod:`.runlog`, :mod:`.runstats`, :mod:`.stragglers`, :mod:`.tensorboard`
+- what a run writes: :mod:`.results` (what it measured), :mod:`.runlog` (rank 0's files and progress),
+  :mod:`.stragglers`, :mod:`.tensorboard`
 """

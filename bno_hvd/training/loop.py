@@ -17,13 +17,12 @@ import time
 
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.common.errors import TrainingError
-from bno_hvd.library.catchup import SitOut
+from bno_hvd.library.catchup import CatchUp
 from bno_hvd.processes.collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
 from bno_hvd.processes.collector import hold_setup, release_setup
 from bno_hvd.training.checkpoint import save_training_state
 from bno_hvd.training.components import Run, build_run, save_model
-from bno_hvd.training.results import RunResult, UpdateRecord, steps_to_json
-from bno_hvd.training.runstats import where_time_went
+from bno_hvd.training.results import RunResult, UpdateRecord, steps_to_json, where_time_went
 from bno_hvd.training.stopwatch import Stopwatch
 
 
@@ -51,7 +50,7 @@ class Training:
         self.cfg, self.world, self.out = cfg, world, out
         self.run = build_run(cfg, world, plugin)
         self.clock, self.records, self.steps, self.evals = Stopwatch(), [], [], []
-        self.sit_out = SitOut(world, self.run.model, self.run.optimizer)
+        self.sit_out = CatchUp(world, self.run.model, self.run.optimizer)
         try:
             self.run.hooks.start(self.run)
             # under the run's quotas

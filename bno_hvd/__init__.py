@@ -45,6 +45,7 @@ _EXPORTS = {
     "library.dropin": ("DataLoader", "DistributedOptimizer"),
     "library.dropout": ("exact_dropout",),
     "library.loader": ("Batch",),
+    "library.step": ("TextOptions",),
     "library.timing": ("RankStep",),
     "training.hooks": ("Hook", "Plugin"),
     "training.results": ("UpdateRecord",),

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from bno_hvd import Balancer, make_strategy
+from bno_hvd import Balancer, TextOptions, make_strategy
 from bno_hvd.allocation.costmodel import UNITS, work_per_sequence
 from bno_hvd.data.gpt import GPTMini
 from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets, load_text_datasets
@@ -22,16 +22,8 @@ hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
 strategy = make_strategy("balanced", hvd.size(), 16 * UNITS)  # shares of work; UNITS = one average sequence
 work = work_per_sequence(seqs.lengths, cost)
-bal = Balancer(
-    MPI.COMM_WORLD.Dup(),
-    strategy,
-    len(seqs),
-    lengths=seqs.lengths,
-    work=work,
-    cost=cost,
-    shares=True,
-    global_tokens=2048,
-)
+text = TextOptions(lengths=seqs.lengths, work=work, cost=cost, shares=True, global_tokens=2048)
+bal = Balancer(MPI.COMM_WORLD.Dup(), strategy, len(seqs), text=text)
 loader = bal.loader(seqs, num_workers=1, collate_fn=collate_tokens)  # this rank's sequences, shortest first
 for batch in bal.batches(loader, updates=40):
     step = bal.start_step(batch)  # weight = this rank's tokens / the global batch's tokens

@@ -36,13 +36,13 @@ from bno_hvd.library.control.monitor import process_memory_bytes
 from bno_hvd.library.control.plane import RankReport
 from bno_hvd.library.loader import Batch, LoaderFeed, make_loader
 from bno_hvd.library.samplerface import SamplerFace
-from bno_hvd.library.step import Step
+from bno_hvd.library.step import Step, TextOptions
 from bno_hvd.library.timing import StepStats, StepTimer
 from bno_hvd.processes.collectives import sleep_until
 from bno_hvd.processes.cpulimit import BindingLimit
 from bno_hvd.processes.heap import keep_freed_memory
 
-__all__ = ["Balancer", "Step", "StepStats"]
+__all__ = ["Balancer", "Step", "StepStats", "TextOptions"]
 
 
 class Balancer(SamplerFace):
@@ -52,14 +52,8 @@ class Balancer(SamplerFace):
     ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
     :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
     ``monitor`` is an optional started :class:`bno_hvd.library.control.monitor.MetricsMonitor`;
-    ``max_batch`` this rank's memory cap in samples; ``lengths`` one length per sample (the
-    tokens of a sequence: each rank's loss weight is then its share of the global batch's tokens,
-    see :class:`Step`) and ``max_tokens`` this rank's cap in padded tokens per forward/backward
-    pass; ``work`` one cost per sample (:mod:`bno_hvd.allocation.costmodel`; ``cost``: the
-    SequenceCost it came from, which checkpoints keep): measured steps are then
-    fitted in work, and with ``shares`` the strategy's sizes are each rank's share of the work of
-    a global batch of ``global_count`` samples or ``global_tokens`` tokens
-    (:mod:`bno_hvd.allocation.partition`); ``lag`` the allocation lag D (None: the
+    ``max_batch`` this rank's memory cap in samples; ``text`` a :class:`~bno_hvd.library.step.TextOptions`
+    for samples of their own lengths (token sequences); ``lag`` the allocation lag D (None: the
     smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
     queued work before the end of compute is timed; ``sit_out``: the strategy may give a rank
@@ -86,18 +80,15 @@ class Balancer(SamplerFace):
         lag: int | None = None,
         report_filter=None,
         sync=None,
-        lengths=None,
-        max_tokens: int | None = None,
-        work=None,
-        cost=None,
-        emulated_work=None,
-        shares: bool = False,
-        global_count: int | None = None,
-        global_tokens: int | None = None,
         sit_out: bool = False,
+        text: TextOptions | None = None,
     ):
         if rebalance_every < 1:
             raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
+        if text is None:
+            text = TextOptions()
+        elif not isinstance(text, TextOptions):
+            raise UsageError(f"text= takes a bno_hvd.TextOptions(lengths=..., ...), got {type(text).__name__}")
         keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/processes/heap.py)
         # whether a rank may get 0 samples (sit out: the loop must then leave the allreduce to
         # the others, as bno-hvd's own loop does: bno_hvd/library/catchup.py)
@@ -109,18 +100,18 @@ class Balancer(SamplerFace):
         self.monitor = monitor
         self.max_batch = max_batch
         self.report_filter = report_filter
-        self.max_tokens = max_tokens
+        self.max_tokens = text.max_tokens
         self.sampler = UnevenSampler(
             dataset_len,
             seed=seed,
-            lengths=None if lengths is None else np.asarray(lengths),
-            work=np.asarray(work) if shares else None,
-            global_count=global_count,
-            global_tokens=global_tokens,
+            lengths=None if text.lengths is None else np.asarray(text.lengths),
+            work=np.asarray(text.work) if text.shares else None,
+            global_count=text.global_count,
+            global_tokens=text.global_tokens,
         )
-        self.work = None if work is None else np.asarray(work, dtype=float)
-        self.cost = cost  # the SequenceCost ``work`` came from (kept in checkpoints)
-        self.emulated_work = None if emulated_work is None else np.asarray(emulated_work, dtype=float)
+        self.work = None if text.work is None else np.asarray(text.work, dtype=float)
+        self.cost = text.cost  # the SequenceCost ``work`` came from (kept in checkpoints)
+        self.emulated_work = None if text.emulated_work is None else np.asarray(text.emulated_work, dtype=float)
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0

@@ -1,14 +1,40 @@
-"""One update as one rank sees it: what :meth:`bno_hvd.library.balancer.Balancer.start_step` gives."""
+"""One update as one rank sees it (what :meth:`bno_hvd.library.balancer.Balancer.start_step` gives),
+and the Balancer's options for samples of their own lengths (:class:`TextOptions`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from bno_hvd.allocation.microbatch import token_parts, token_shares
 
-__all__ = ["Step"]
+__all__ = ["Step", "TextOptions"]
+
+
+@dataclass(frozen=True, eq=False)
+class TextOptions:
+    """What a :class:`~bno_hvd.library.balancer.Balancer` needs for samples of their own lengths
+    (token sequences): ``Balancer(comm, strategy, len(seqs), text=TextOptions(lengths=...))``.
+
+    ``lengths``: one length per sample (the tokens of a sequence: each rank's loss weight is then
+    its share of the global batch's tokens, see :class:`Step`); ``max_tokens``: this rank's cap
+    in padded tokens per forward/backward pass; ``work``: one cost per sample
+    (:mod:`bno_hvd.allocation.costmodel`; ``cost``: the SequenceCost it came from, which
+    checkpoints keep): measured steps are then fitted in work; ``emulated_work``: what an EMULATED
+    device takes time for; ``shares``: the strategy's sizes are each rank's share of the work of
+    a global batch of ``global_count`` samples or ``global_tokens`` tokens
+    (:mod:`bno_hvd.allocation.partition`)."""
+
+    lengths: Any = None
+    max_tokens: int | None = None
+    work: Any = None
+    cost: Any = None
+    emulated_work: Any = None
+    shares: bool = False
+    global_count: int | None = None
+    global_tokens: int | None = None
 
 
 @dataclass
@@ -22,7 +48,7 @@ class Step:
     indices: np.ndarray | None = None  # without a loader: this rank's sample indices
     cap: int | None = None  # this rank's memory cap: samples per forward/backward pass
     keys: tuple = ()  # with a loader: (epoch, index) of every sample of this rank's batch
-    # samples of their own lengths (a Balancer made with ``lengths``): this rank's, in batch order
+    # samples of their own lengths (a Balancer made with TextOptions(lengths=...)): this rank's, in batch order
     lengths: np.ndarray | None = None
     global_tokens: int | None = None  # the lengths' sum over the global batch
     token_cap: int | None = None  # memory cap in padded tokens per pass (--max-tokens)

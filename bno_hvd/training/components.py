@@ -25,6 +25,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.data.images import Datasets
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.control.monitor import MetricsMonitor
+from bno_hvd.library.step import TextOptions
 from bno_hvd.processes.cpulimit import cpu_limit
 from bno_hvd.processes.device import Device, measure_cap
 from bno_hvd.training.checkpoint import restore_training_state
@@ -194,11 +195,10 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             lag=cfg.allocation_lag,
             report_filter=hooks.report,
             sync=prepared.device.synchronize,
-            max_tokens=cfg.token_cap_of(world.rank),
             # images: a rank may sit an update out (the loop leaves it out of the allreduce); not
             # yet for text, whose batches are split by tokens or work
             sit_out=getattr(world, "sit_out_sets", None) is not None and not split,
-            **split,
+            text=TextOptions(max_tokens=cfg.token_cap_of(world.rank), **split) if split else None,
         )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
         # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.

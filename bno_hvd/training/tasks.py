@@ -61,7 +61,8 @@ class ImageTask:
         return cfg.base_batch_size, cfg.global_batch
 
     def allocation(self, cfg, comm, model, data, size: int) -> tuple[dict, dict | None]:
-        """The Balancer's arguments for this data (none for images), and what run.json keeps of them."""
+        """The Balancer's :class:`~bno_hvd.library.step.TextOptions` fields for this data (none for images),
+        and what run.json keeps of them."""
         return {}, None
 
     def parts(self, step, data, device, dtype):

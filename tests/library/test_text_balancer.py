@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from bno_hvd import Balancer, make_strategy
+from bno_hvd import Balancer, TextOptions, make_strategy
 from bno_hvd.allocation.costmodel import UNITS, SequenceCost, work_per_sequence
 
 LENGTHS = np.random.default_rng(3).integers(1, 30, 50)
@@ -17,10 +17,7 @@ def balancer(cost, **kw):
         make_strategy("equal", 1, 4 * UNITS),
         len(LENGTHS),
         seed=2,
-        lengths=LENGTHS,
-        work=work_per_sequence(LENGTHS, cost),
-        cost=cost,
-        **kw,
+        text=TextOptions(lengths=LENGTHS, work=work_per_sequence(LENGTHS, cost), cost=cost, **kw),
     )
 
 

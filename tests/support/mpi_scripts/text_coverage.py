@@ -13,7 +13,7 @@ import torch
 from mpi4py import MPI
 from torch.utils.data import Dataset
 
-from bno_hvd import Balancer, make_strategy
+from bno_hvd import Balancer, TextOptions, make_strategy
 from bno_hvd.allocation.costmodel import TOKENS, UNITS, work_per_sequence
 from bno_hvd.data.tokens import collate_tokens, load_text_datasets
 
@@ -47,7 +47,14 @@ base = 3
 if mode == "shares":
     split.update(work=work_per_sequence(seqs.lengths, TOKENS), shares=True, global_tokens=60)
     base = 3 * UNITS
-bal = Balancer(comm, make_strategy("random", size, base, seed=SEED), len(seqs), seed=SEED, rebalance_every=2, **split)
+bal = Balancer(
+    comm,
+    make_strategy("random", size, base, seed=SEED),
+    len(seqs),
+    seed=SEED,
+    rebalance_every=2,
+    text=TextOptions(**split),
+)
 seen = []
 for batch in bal.batches(bal.loader(Tagged(seqs), num_workers=2, collate_fn=collate), UPDATES):
     step = bal.start_step(batch)

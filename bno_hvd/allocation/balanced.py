@@ -42,7 +42,7 @@ fit over two sizes had (:meth:`_fit`). A rank whose CPU limit rose (or stopped b
 neighbour left) loses its fit at once and gets a typical rank's share until it is measured again
 (probes, more samples for a small rank to measure it, were removed: BENCHMARKS.md 14).
 
-Sitting out. Where the runtime allows it (bno-hvd's own loop: :mod:`bno_hvd.library.catchup`),
+Sitting out. Where the loop allows it (bno-hvd's own loop: :mod:`bno_hvd.library.catchup`),
 one rank (never rank 0) may get 0 samples and leave the allreduce: when the model predicts the
 others finish sooner without it, or when it gets less than ``starved_share`` (default 0.5) of the
 others' share of the CPU (run time over runnable time, and CPU per wall second) and one interval

@@ -35,7 +35,7 @@ class Strategy:
 
     name: str = "base"
     OPTIONS: dict[str, Any] = {}
-    sit_out_ok = False  # the runtime lets a rank but 0 sit an update out (0 samples); set by the Balancer
+    sit_out_ok = False  # the loop lets a rank but 0 sit an update out (0 samples); set by the Balancer
 
     def __init__(
         self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None, seed: int = 0, **options

@@ -1,6 +1,6 @@
 """The lab's way into a run: emulated speeds, REAL CPU quotas and injected faults, as hooks.
 
-The runtime knows none of them. ``bno-hvd train``, ``bench`` and ``experiment`` pass
+The training application and the library know none of them. ``bno-hvd train``, ``bench`` and ``experiment`` pass
 :func:`lab_plugin` to :func:`bno_hvd.training.loop.run_training`, which builds it on every rank
 before the first collective (a bad schedule, or cgroups that cannot be written, end every rank
 with one line) and calls its hooks (:mod:`bno_hvd.training.hooks`).

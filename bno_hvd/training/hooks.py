@@ -1,10 +1,10 @@
 """Optional behaviour that plugs into the training loop instead of being woven into it.
 
-TensorBoard (:mod:`bno_hvd.training.tensorboard`) is a :class:`Hook` of the runtime, built only
+TensorBoard (:mod:`bno_hvd.training.tensorboard`) is a :class:`Hook` of the training application, built only
 when its flag is set. The lab's behaviour - emulated device speeds, REAL CPU quotas, injected
 faults - enters a run the same way, through a :class:`Plugin` that whoever starts the run passes
-in (``bno-hvd train`` and the suites pass :func:`bno_hvd.lab.plugin.lab_plugin`): the runtime never
-imports the lab. A plain run has no hook, and the loop in :mod:`bno_hvd.training.loop` reads as
+in (``bno-hvd train`` and the suites pass :func:`bno_hvd.lab.plugin.lab_plugin`): the training
+application never imports the lab. A plain run has no hook, and the loop in :mod:`bno_hvd.training.loop` reads as
 the plain algorithm.
 
 Where the loop calls them, per update::

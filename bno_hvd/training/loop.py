@@ -28,7 +28,7 @@ from bno_hvd.training.stopwatch import Stopwatch
 
 def run_training(cfg, world, *, out=sys.stdout, plugin=None) -> RunResult:
     """Train per ``cfg`` on every rank of ``world`` (:func:`bno_hvd.processes.world.init_world`);
-    ``plugin`` adds behaviour from outside the runtime (:mod:`bno_hvd.training.hooks`)."""
+    ``plugin`` adds behaviour from outside the training application (:mod:`bno_hvd.training.hooks`)."""
     training = Training(cfg, world, out=out, plugin=plugin)
     try:
         training.advance()

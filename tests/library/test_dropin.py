@@ -99,24 +99,30 @@ def forward(model, x, keys, seed=0):
         return model(x)
 
 
+def same(a, b):
+    """The same masks (zeros in the same places) and the same values up to float32 summation order:
+    BLAS may sum a batch of 6 and one of 2 in different blocks (seen: last-bit differences)."""
+    return torch.equal(a == 0, b == 0) and torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_dropout_masks_follow_the_sample_not_the_split():
     torch.manual_seed(0)
     model, x = Net(), torch.randn(6, 1, 6, 6)
     keys = [(0, 11), (0, 4), (1, 7), (1, 0), (0, 9), (2, 3)]
     whole = forward(model, x, keys)
     halves = torch.cat([forward(model, x[:2], keys[:2]), forward(model, x[2:], keys[2:])])
-    assert torch.equal(whole, halves)  # the same sample meets the same masks in any split
+    assert same(whole, halves)  # the same sample meets the same masks in any split
     reordered = forward(model, x.flip(0), keys[::-1]).flip(0)
-    assert torch.equal(whole, reordered)
-    assert not torch.equal(whole, forward(model, x, [(e + 1, i) for e, i in keys]))  # a new epoch, new masks
-    assert not torch.equal(whole, forward(model, x, keys, seed=1))
+    assert same(whole, reordered)
+    assert not same(whole, forward(model, x, [(e + 1, i) for e, i in keys]))  # a new epoch, new masks
+    assert not same(whole, forward(model, x, keys, seed=1))
     assert (whole == 0).any() and (whole != 0).any()
     # torch's own dropout draws one stream per call: a split changes what a sample meets
     torch.manual_seed(1)
     plain_whole = model(x)
     torch.manual_seed(1)
     plain_halves = torch.cat([model(x[:2]), model(x[2:])])
-    assert not torch.equal(plain_whole, plain_halves)
+    assert not same(plain_whole, plain_halves)
 
 
 def test_dropout_outside_training_is_untouched_and_refusals_are_one_line():

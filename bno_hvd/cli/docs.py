@@ -1,4 +1,4 @@
-"""``bno-hvd cli-reference``: every command and flag as Markdown (README's reference section)."""
+"""``bno-hvd cli-reference``: every command and flag as Markdown (the docs page docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def command_reference(group: click.Group) -> str:
         cmd = group.get_command(ctx, name)
         if cmd.hidden:
             continue
-        lines.append(f"#### `bno-hvd {name}`")
+        lines.append(f"## `bno-hvd {name}`")
         lines.append(" ".join((cmd.help or "").split()))
         lines.append("")
         for param in cmd.params:
@@ -39,7 +39,7 @@ def command_reference(group: click.Group) -> str:
 
 @click.command("cli-reference", hidden=True)
 def cli_reference():
-    """Print the Markdown CLI reference that README.md embeds."""
+    """Print the Markdown CLI reference that docs/cli.md embeds (launch/update-docs writes it)."""
     click.echo(command_reference(click.get_current_context().find_root().command))
 
 

@@ -27,6 +27,7 @@ exclude_patterns = ["_build"]
 myst_heading_anchors = 3  # links to a page's sections: [text](page.md#a-heading)
 myst_enable_extensions = ["colon_fence"]
 
+nitpicky = True  # every cross-reference must resolve (sphinx-build -n)
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the signatures show the defaults; the docstrings say the types
 autodoc_default_options = {"members": True, "undoc-members": False}

@@ -1,4 +1,4 @@
-"""What Horovod's background loop costs a rank that does nothing (BENCHMARKS.md 9.8).
+"""What Horovod's background loop costs a rank that does nothing (REAL, under a CPU quota).
 
 Every rank starts MPI and Horovod the way bno-hvd does (``bno_hvd.processes.world.init_world``), does one
 allreduce, sleeps, and prints the CPU its process used while asleep as a share of one core. Horovod

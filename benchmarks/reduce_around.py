@@ -1,5 +1,5 @@
 """A ring allreduce of the CNN's gradient size against a reduction around the starved rank, under
-real CPU quotas (BENCHMARKS.md 9.8; root, cgroup v1 or v2).
+real CPU quotas (root, cgroup v1 or v2).
 
 ring: one Horovod allreduce over all 4 ranks. around: rank 3 (the starved one) and rank 0 sum
 their gradients (process set {0,3}), ranks 0-2 allreduce that (set {0,1,2}), and rank 0 sends

@@ -1,4 +1,4 @@
-"""Update time against the starved rank's share, under real CPU quotas (BENCHMARKS.md 9.9; root).
+"""Update time against the starved rank's share, under real CPU quotas (root).
 
 Every rank trains the CNN on Fashion-MNIST the way ``bno-hvd train`` does (a weighted loss, Horovod's
 ``DistributedOptimizer`` with a Sum, the loss allreduced beside the gradients, the allreduce waited

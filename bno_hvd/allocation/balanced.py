@@ -34,13 +34,13 @@ Throttled sync. Under a CPU limit below one core (a cgroup quota: a container's 
 neighbour's share, ``--cpu-quota``), a rank pays its part of the allreduce at its limit's rate,
 and every rank waits for it. Each rank reports its cgroup's limit and the CPU of its sync phases;
 :func:`throttle_offsets` charges a throttled rank the extra time (option ``throttle_weight``,
-default 1; 0 disables), so it gets less compute and starts the sync early enough (BENCHMARKS.md
-9.9: ~20% faster updates than the split that equalises compute). Unthrottled ranks get nothing.
+default 1; 0 disables), so it gets less compute and starts the sync early enough
+(measured: ~20% faster updates than the split that equalises compute). Unthrottled ranks get nothing.
 
 A rank's fit at one batch size splits its time by the shape (fixed cost in samples) its last
 fit over two sizes had (:meth:`_fit`). A rank whose CPU limit rose (or stopped binding: a
 neighbour left) loses its fit at once and gets a typical rank's share until it is measured again
-(probes, more samples for a small rank to measure it, were removed: BENCHMARKS.md 14).
+(probes, more samples for a small rank to measure it, paid on no profile and were removed).
 
 Sitting out. Where the loop allows it (bno-hvd's own loop: :mod:`bno_hvd.library.catchup`),
 one rank (never rank 0) may get 0 samples and leave the allreduce: when the model predicts the
@@ -70,7 +70,7 @@ across rebalances by an exponential moving average (option ``smoothing`` = weigh
 fit, default 0.5; 0 = no smoothing) - except when a rank's cost per sample changes by more than
 option ``jump`` (default 1.5x) and by more than its measurement noise, which is taken at once (a
 rank back from sitting out at 50x its old speed would otherwise look slow for five intervals and
-sit out again, BENCHMARKS.md 14.11) - and a deadband (option ``deadband``, default 0.05) keeps
+sit out again) - and a deadband (option ``deadband``, default 0.05) keeps
 ``current`` unless the new split is predicted to shorten the step - the slowest rank's ``a_i +
 c_i * b_i`` - by more than that fraction, and by more than ``noise_sigmas`` times the fits'
 relative standard error (``deadband=0`` disables both). Under
@@ -205,7 +205,7 @@ class EqualFinishStrategy(Strategy):
         self.noise = np.where(new, noise, self.noise)
         # A rank whose limit rose runs faster than any of its old steps show (a one-size fit at 1
         # sample cannot tell how much): forget its fit, so it gets a typical rank's share and is
-        # measured there in the next interval (BENCHMARKS.md 14: back within one interval). Its
+        # measured there in the next interval (in the REAL suite: back within one interval). Its
         # arrivals at the allreduce before are as old: they are measured again too.
         self.a[rose], self.c[rose], self.shape[rose], self.noise[rose] = np.nan, np.nan, np.nan, 0.0
         if rose.any():

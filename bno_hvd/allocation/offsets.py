@@ -50,7 +50,7 @@ def penalties_from_rows(sync: np.ndarray, sigmas: float = 2.0) -> np.ndarray:
 
     A rank last in only one update (or in all but one) has no spread to judge a difference by:
     its penalty is 0. (A minimum count of 3 before any penalty paid on no REAL profile and was
-    removed: BENCHMARKS.md 14.10.)"""
+    removed: geometric mean 1.023 without it.)"""
     n = sync.shape[1]
     out = np.full(n, np.nan)
     if n < 2 or sync.shape[0] < 2:
@@ -97,7 +97,7 @@ def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
     spins (MPI's busy polling: 50-100 ms of CPU per update on the fast ranks) is not working.
     Giving a throttled rank less compute lets it start the sync early enough: under quotas
     0.5,0.5,0.5,0.17 the update is ~20% faster with the starved rank at 1-4 samples than at the
-    split that equalises compute finish times (BENCHMARKS.md 9.9). Ranks without a limit (or
+    split that equalises compute finish times. Ranks without a limit (or
     without a measurement) get 0, so emulated and unthrottled runs are unchanged; equal limits
     give equal offsets, which change no split.
     """
@@ -121,8 +121,8 @@ def latency_offsets(latency: np.ndarray) -> np.ndarray:
     cheapest round trip is long; a rank that merely pings a starved one (0.06 of a core, which
     answers when the scheduler runs it) has a cheap round trip to some other rank. The mean over
     the others counted that starvation once in every row, differently for each pair: 13-19 ms
-    on one of three equal-limit ranks while rank 3 was starved, which split them 12,62,54
-    (BENCHMARKS.md 14.5). Non-finite entries are ignored; a rank with none finite (or a single
+    on one of three equal-limit ranks while rank 3 was starved, which split them 12,62,54.
+    Non-finite entries are ignored; a rank with none finite (or a single
     rank) gets 0.
     """
     n = latency.shape[0]

@@ -17,7 +17,7 @@ Two ways in, both for the rank that costs most, never rank 0, one rank at a time
   is tried out only while the split is the fit's (the rebalance keeps it, within the deadband):
   the interval the trial is measured against must be the best split with it, not the even split
   of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
-  21,11 then took 224 ms; BENCHMARKS.md 14.6). A rank that is not runnable (waiting for its
+  21,11 then took 224 ms). A rank that is not runnable (waiting for its
   device, a slower GPU or an EMULATED one, or with less work) is not starved
   (:meth:`bno_hvd.library.timing.StepTimer.cpu_share`). A trial
   that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
@@ -82,7 +82,7 @@ def starved(metrics: ClusterMetrics, share: float) -> int | None:
     median of the others, and its CPU per wall second too where known; None when no rank is
     (or the shares are not known). The two err apart: a rank with less work or a slower device
     uses less CPU per second but is not runnable more; a rank whose spinning threads queue
-    behind busy neighbours is runnable more but uses as much CPU per second (BENCHMARKS.md 14.7)."""
+    behind busy neighbours is runnable more but uses as much CPU per second."""
     got = np.array([np.nan if x is None else float(x) for x in metrics.cpu_share])
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
         return None

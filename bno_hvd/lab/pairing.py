@@ -65,7 +65,7 @@ def comparison(rates: dict[str, list[float]], baseline: str, seed: int = 0) -> d
 
     - ``vs_best_peer``: its ratio to the best *other* strategy of each round. Strict: the maximum
       of several noisy rates is above what any one of them sustains, so where every strategy runs
-      the same split this is below 1 (seen: 0.93 at equal limits, BENCHMARKS.md 14.8);
+      the same split this is below 1 (seen: 0.93 at equal limits on REAL CPU limits);
     - ``vs_top_peer``: its ratio, paired per round, to the one peer with the highest median ratio
       to ``baseline`` (``top_peer`` names it): what a user who picked the best other strategy gets.
 

@@ -202,7 +202,7 @@ def scaled_schedule(profile: Profile, updates: int, warmup: int) -> list[tuple[i
     among the timed updates (written for :data:`SCHEDULE_BASE`, 100 with 20 of warm-up: a change
     at 40 of 100 comes at 60 of 180 with 20 of warm-up). Rounds of equal blocks then fall on each
     phase of the schedule in the same proportion whatever ``--updates`` is (with the updates
-    unscaled, 6 of 8 rounds of a 180-update run came after the last change, BENCHMARKS.md 14.4)."""
+    unscaled, 6 of 8 rounds of a 180-update run came after the last change)."""
     base_updates, base_warmup = SCHEDULE_BASE
     scale = (updates - warmup) / (base_updates - base_warmup)
     return [(0 if u == 0 else max(0, round(warmup + (u - base_warmup) * scale)), q) for u, q in profile.schedule]

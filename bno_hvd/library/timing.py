@@ -199,8 +199,8 @@ class StepTimer:
         its device, sleeps in a collective or has less work is not runnable then, so it is not
         starved. Where the kernel keeps no schedstat: :meth:`cpu_per_wall`. A thread that spins
         with ``sched_yield`` (MPI's waits) is runnable all the time: under load its delay is the
-        neighbours' slices, not demand (BENCHMARKS.md 14.7), which :meth:`cpu_per_wall` does not
-        mistake for starvation."""
+        neighbours' slices, not demand (an unthrottled rank on MPI read 0.026 under load), which
+        :meth:`cpu_per_wall` does not mistake for starvation."""
         if self.runs:
             ran, waited = (sum(x) for x in zip(*self.runs))
             return ran / (ran + waited) if ran + waited > 0 else None
@@ -222,7 +222,7 @@ class RunQueue:
     """This process's threads' time on a CPU and time runnable but not running, from the kernel's
     ``/proc/self/task/*/schedstat`` (fields 1 and 2, in ns). A quota's throttled time is counted
     as waiting (measured on Linux 6.18: a busy loop limited to 0.1 of a core for 2 s ran 0.21 s
-    and waited 1.81 s; a sleep adds neither; BENCHMARKS.md 14.6)."""
+    and waited 1.81 s; a sleep adds neither)."""
 
     def __init__(self):
         self._fds: dict[str, int] = {}  # tid -> its schedstat, kept open: re-read in place every update

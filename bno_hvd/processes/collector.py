@@ -4,7 +4,7 @@ A full (generation 2) collection walks every object the process tracks. After th
 the setup of a run (torch, torchvision, Horovod, the model, the data, and in ``bench --rounds``
 every strategy's run at once) that is several hundred thousand objects: 30-400 ms on a rank at
 0.45 of a core, up to 2 s on a rank at 0.15, and every other rank waits for it at the next
-allreduce (BENCHMARKS.md 14.9). Almost none of those objects ever becomes garbage while the run
+allreduce. Almost none of those objects ever becomes garbage while the run
 trains, so walking them is pure loss.
 
 :func:`hold_setup` moves every object the collector tracks into its permanent generation

@@ -12,7 +12,7 @@ Measured here (4 ranks, CNN, 32 samples each, ``bench --strategies equal,fixed -
 32,32,32,32``, the same allocation twice): with glibc's defaults the first run took ~25,000 page
 faults per rank and the second 93,000-420,000 on one to three ranks, and the second ran at
 0.82-0.97x the first (five runs). With the thresholds below the second run took ~12,600 per rank
-and ran at 0.97-0.99x (BENCHMARKS.md section 11).
+and ran at 0.97-0.99x.
 
 :func:`keep_freed_memory` sets a fixed trim threshold of 512 MiB and a fixed mmap threshold of
 32 MiB (glibc's largest) with ``mallopt``. A process's resident memory then stays at its peak

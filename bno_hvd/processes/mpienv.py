@@ -77,5 +77,5 @@ def arrange_for_shared_cores(environ=os.environ) -> str | None:
     return (
         f"{local} ranks share {cores} core{'s' if cores != 1 else ''} on this host and {YIELD} was not set: "
         "bno-hvd set it to 1 for this run, so that waiting ranks do not busy-poll the cores away from "
-        "computing ones (measured: balanced 2.18x -> 2.40x equal, BENCHMARKS.md section 10)"
+        "computing ones (measured: balanced 2.18x -> 2.40x equal, EMULATED 1,1,1,0.33)"
     )

@@ -213,7 +213,7 @@ def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | N
     ``--cpu-quota``): a waiting rank spends its quota polling, and a throttled rank answers the
     allreduce late. Ranks that merely share cores are not counted: with
     ``mpi_yield_when_idle`` (set by :func:`bno_hvd.processes.mpienv.arrange_for_shared_cores`) MPI
-    was faster there (gloo/mpi 0.83, BENCHMARKS.md section 13). Not for GPU tensors either
+    was faster there (Gloo ran 0.83x MPI, paired runs). Not for GPU tensors either
     (their allreduce does not run on the CPU's collectives)."""
     if device == "cuda" or (device == "auto" and _cuda_available()):
         return None

@@ -133,7 +133,7 @@ def test_latency_moves_work_off_a_rank_on_a_slow_link():
 
 
 def test_a_starved_rank_pinged_unevenly_does_not_split_the_ranks_that_ping_it():
-    # BENCHMARKS.md 14.5: rank 3 at 0.06 of a core answers when the scheduler runs it, 19, 0.1 and
+    # Seen in the REAL suite: rank 3 at 0.06 of a core answers when the scheduler runs it, 19, 0.1 and
     # 3 ms late to ranks 0, 1, 2. The mean over the others gave rank 0 ~6 ms more than rank 1
     # (12,62,54 for three equal limits); each of them has a cheap round trip to another rank.
     lat = np.full((4, 4), 0.0003)

@@ -1,7 +1,7 @@
 """``balanced`` on CPU-throttled ranks: the sync phase's CPU under a limit, a rank held at one
 small batch size, and a rank that sits out. A simulated cluster feeds the strategy the measurements that
-``Balancer`` reports (compute samples, sync CPU, the cgroup's CPU limit); the real runs are in
-BENCHMARKS.md 9.1, 9.3 and 9.9 and the cgroup reading is tested in tests/lab/test_cpuquota.py."""
+``Balancer`` reports (compute samples, sync CPU, the cgroup's CPU limit); the REAL runs are the
+profile suite's (docs/benchmarks.md) and the cgroup reading is tested in tests/lab/test_cpuquota.py."""
 
 import json
 
@@ -45,7 +45,7 @@ def run(strategy, sizes, rebalances, fixed, per_sample, sync_cpu, limits, jitter
     return history, notes
 
 
-# The CNN under quotas 0.5,0.5,0.5,0.17 (BENCHMARKS.md 9.1, 9.9): 0.35 ms per sample and 0.5 ms
+# The CNN under quotas 0.5,0.5,0.5,0.17 (REAL): 0.35 ms per sample and 0.5 ms
 # fixed on the fast ranks, three times both on rank 3; every rank burns ~4 ms of CPU per sync.
 STARVED = dict(
     fixed=[0.5 * MS] * 3 + [1.5 * MS],

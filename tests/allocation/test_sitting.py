@@ -145,7 +145,7 @@ def test_measurements_of_the_updates_a_rank_sat_out():
     assert starved(metrics, 0.5) == 2 and starved(metrics, 0.3) is None and starved(metrics, 0) is None
     metrics.cpu_share = [0.3, 0.3, None, 0.29]
     assert starved(metrics, 0.5) is None  # a share not known: no trial
-    # both shares must agree where both are known (BENCHMARKS.md 14.7)
+    # both shares must agree where both are known (the run-queue share alone tried an unthrottled rank out)
     metrics.cpu_share, metrics.cpu_per_wall = [0.3, 0.3, 0.1, 0.29], [0.5, 0.5, 0.1, 0.5]
     assert starved(metrics, 0.5) == 2
     metrics.cpu_per_wall = [0.5, 0.5, 0.4, 0.5]  # its threads queued, but it used as much CPU per second

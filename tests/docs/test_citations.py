@@ -12,11 +12,13 @@ CITATION = re.compile("BENCHMARKS" + r"(\.md)? (section )?[0-9]+\.[0-9]+")
 
 def test_no_code_cites_a_benchmark_section():
     found = []
-    for top in ("bno_hvd", "examples", "benchmarks", "launch"):
+    for top in ("bno_hvd", "examples", "benchmarks", "launch", "tests"):
         for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in files:
                 path = os.path.join(folder, name)
+                if path == __file__:  # its own examples of what a citation looks like
+                    continue
                 try:
                     lines = open(path, encoding="utf-8").read().splitlines()
                 except UnicodeDecodeError:

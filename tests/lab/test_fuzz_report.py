@@ -1,4 +1,4 @@
-"""``bno-hvd report LOGDIR`` on damaged logs, fuzzed (the surface FUZZING.md listed as not covered).
+"""``bno-hvd report LOGDIR`` on damaged logs, fuzzed (a surface the first long fuzz run did not cover).
 
 The logs are those of a real experiment (2 ranks under horovodrun, written once per module). Each
 example damages one or two of its files the way a disk, an editor or another program might: a

@@ -1,6 +1,6 @@
 """bno-hvd keeps freed memory in each rank's heap (bno_hvd/processes/heap.py): an update's activations
 are not faulted in again on every update, and a second run in the same process is not slower
-than the first (BENCHMARKS.md section 11). A user's own malloc settings are kept."""
+than the first. A user's own malloc settings are kept."""
 
 import re
 import subprocess

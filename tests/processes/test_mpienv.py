@@ -1,6 +1,6 @@
 """Ranks that share cores: bno-hvd sets Open MPI's yield-when-idle itself before MPI starts,
-says so once, and leaves a user's own choice alone (BENCHMARKS.md section 10: busy-polling
-ranks cost balanced 2.40x -> 2.18x here)."""
+says so once, and leaves a user's own choice alone (busy-polling ranks cost balanced 2.40x -> 2.18x
+equal here, EMULATED 1,1,1,0.33)."""
 
 import subprocess
 import sys

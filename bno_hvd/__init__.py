@@ -4,7 +4,7 @@ Public API (re-exports only, loaded on first use so that the CLI starts without 
 
     from bno_hvd import Balancer, make_strategy, MetricsMonitor
 
-A Horovod script's port (README "Your own Horovod script")::
+A Horovod script's port (docs/porting.md)::
 
     import bno_hvd as bno
     train_sampler = bno.Balancer.for_world(train_dataset, args.batch_size)

@@ -62,7 +62,7 @@ def make_strategy(
 
     ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
     strategy's own knobs (e.g. ``smoothing``/``deadband`` for ``balanced``); ``name`` may carry
-    them too, as a spec ``balanced:deadband=0.1:sit_out=0`` (:func:`split_spec`).
+    them too, as a spec ``balanced:deadband=0.1:sit_out=0`` (``split_spec``).
     """
     name, spec_options = split_spec(name)
     options = {**spec_options, **options}

@@ -79,7 +79,7 @@ def train_options(fn=None, *, exclude=()):
                 default=D.strategy,
                 show_default=True,
                 help=f"Batch allocation strategy: {', '.join(STRATEGY_NAMES)}; options after colons, "
-                "e.g. balanced:deadband=0.1 (README: the strategy options).",
+                "e.g. balanced:deadband=0.1 (docs/heterogeneity.md: strategy options).",
             ),
         ),
         (

@@ -4,7 +4,7 @@
 ``bno``, ...): it measures this rank, rebalances every K updates through rank 0, and hands each
 rank its slice of the global batch and the loss weight that makes uneven slices exact.
 
-Usage (README has the full example)::
+Usage (docs/porting.md, "The explicit API", has the full example)::
 
     bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
     loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
@@ -50,20 +50,20 @@ class Balancer(SamplerFace):
     hands out each rank's slice of the global batch.
 
     ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
-    :class:`bno_hvd.allocation.Strategy` (used on rank 0; all ranks must pass the same kind).
+    :class:`bno_hvd.Strategy` (used on rank 0; all ranks must pass the same kind).
     ``monitor`` is an optional started :class:`bno_hvd.library.control.monitor.MetricsMonitor`;
     ``max_batch`` this rank's memory cap in samples; ``text`` a :class:`~bno_hvd.library.step.TextOptions`
     for samples of their own lengths (token sequences); ``lag`` the allocation lag D (None: the
-    smallest that suits the loader, see :mod:`bno_hvd.allocation.plan`); ``report_filter(report, update)``
+    smallest that suits the loader, see ``bno_hvd.allocation.plan``); ``report_filter(report, update)``
     may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
     queued work before the end of compute is timed; ``sit_out``: the strategy may give a rank
     other than 0 no samples, for a loop that then leaves it out of the allreduce, as bno-hvd's
-    own does (:mod:`bno_hvd.library.catchup`; a user's loop would compute on an empty batch).
+    own does (``bno_hvd.library.catchup``; a user's loop would compute on an empty batch).
 
-    Its parts, each in its own module: the clock (:class:`~bno_hvd.library.timing.StepTimer`),
-    the CPU limit (:class:`~bno_hvd.processes.cpulimit.BindingLimit`), the control plane and the
-    plan of allocations (:class:`~bno_hvd.library.control.controller.Controller`), the sample
-    stream (:class:`~bno_hvd.allocation.sampler.UnevenSampler`).
+    Its parts, each in its own module: the clock (``library.timing.StepTimer``),
+    the CPU limit (``processes.cpulimit.BindingLimit``), the control plane and the
+    plan of allocations (``library.control.controller.Controller``), the sample
+    stream (``allocation.sampler.UnevenSampler``).
     """
 
     def __init__(
@@ -124,7 +124,7 @@ class Balancer(SamplerFace):
 
     @property
     def plan(self):
-        """The :class:`~bno_hvd.allocation.plan.AllocationPlan` every rank holds."""
+        """The ``AllocationPlan`` every rank holds (``bno_hvd.allocation.plan``)."""
         return self.control.plan
 
     @property
@@ -145,7 +145,7 @@ class Balancer(SamplerFace):
         """A ``torch.utils.data.DataLoader`` of this rank's slices (collective: every rank calls it).
 
         Takes DataLoader's loading options (``num_workers``, ``prefetch_factor``, ``pin_memory``,
-        ``persistent_workers``, ``collate_fn``, ...) and ``seed_samples`` (see :mod:`bno_hvd.library.loader`).
+        ``persistent_workers``, ``collate_fn``, ...) and ``seed_samples`` (see ``bno_hvd.library.loader``).
         Each iteration is one epoch of :class:`bno_hvd.library.loader.Batch` objects."""
         if len(dataset) != self.sampler.dataset_len:
             raise UsageError(

@@ -1,6 +1,6 @@
 """The drop-in surface: a Horovod script becomes heterogeneity-aware without a call inside its loop.
 
-Three lines change in a Horovod script (README "Your own Horovod script" has the whole port)::
+Three lines change in a Horovod script (docs/porting.md has the whole port)::
 
     import bno_hvd as bno
     train_sampler = bno.Balancer.for_world(train_dataset, args.batch_size)    # was DistributedSampler

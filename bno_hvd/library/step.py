@@ -21,11 +21,11 @@ class TextOptions:
     ``lengths``: one length per sample (the tokens of a sequence: each rank's loss weight is then
     its share of the global batch's tokens, see :class:`Step`); ``max_tokens``: this rank's cap
     in padded tokens per forward/backward pass; ``work``: one cost per sample
-    (:mod:`bno_hvd.allocation.costmodel`; ``cost``: the SequenceCost it came from, which
+    (``bno_hvd.allocation.costmodel``; ``cost``: the SequenceCost it came from, which
     checkpoints keep): measured steps are then fitted in work; ``emulated_work``: what an EMULATED
     device takes time for; ``shares``: the strategy's sizes are each rank's share of the work of
     a global batch of ``global_count`` samples or ``global_tokens`` tokens
-    (:mod:`bno_hvd.allocation.partition`)."""
+    (``bno_hvd.allocation.partition``)."""
 
     lengths: Any = None
     max_tokens: int | None = None

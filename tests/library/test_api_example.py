@@ -1,4 +1,4 @@
-"""README's public-API example runs as written under horovodrun (2 ranks)."""
+"""The public-API example (docs/porting.md, "The explicit API") runs as written under horovodrun (2 ranks)."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""The Horovod port (``examples/horovod_mnist.py``, README "Your own Horovod script").
+"""The Horovod port (``examples/horovod_mnist.py``, docs/porting.md).
 
 - The example is a plain Horovod script (written in the shape of Horovod's PyTorch MNIST example)
   with its port marked: every changed line ends in ``# bno-hvd: was <plain line>`` or

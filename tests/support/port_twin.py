@@ -1,12 +1,12 @@
 """The plain Horovod script that ``examples/horovod_mnist.py``'s port markers describe (its
-"twin"), and the port as a diff (README "Your own Horovod script", ``launch/update-readme``).
+"twin"), and the port as a diff (docs/porting.md, ``launch/update-docs``).
 
 A line of the port ends in one of two comments; every other line is the same in both scripts:
 
 - ``# bno-hvd: was <line>``: the plain script has ``<line>`` there, at the same indentation;
 - ``# bno-hvd: added``: the plain script has no such line.
 
-No import beyond the standard library: ``launch/update-readme`` uses this module too.
+No import beyond the standard library: ``launch/update-docs`` uses this module too.
 """
 
 import difflib
@@ -51,7 +51,7 @@ def plain_twin(source: str) -> str:
 
 
 def port_diff(source: str, context: int = 1) -> str:
-    """The unified diff from the twin to the example, as README shows it."""
+    """The unified diff from the twin to the example, as README and docs/porting.md show it."""
     diff = difflib.unified_diff(
         plain_twin(source).splitlines(),
         source.splitlines(),

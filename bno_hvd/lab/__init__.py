@@ -9,7 +9,8 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.cpuquota` - REAL slow ranks: a cgroup per rank with a CPU quota, and its reaper
 - :mod:`.heterogeneity` - what makes a run's ranks differ, and its EMULATED / REAL label
 - :mod:`.faults` - injected faults for the reliability tests
-- :mod:`.suites` - several runs in one job: ``bench`` and ``experiment``
+- :mod:`.suites` - several runs in one job: ``bench``, ``experiment`` and ``time-to-accuracy``
+- :mod:`.ttastats` - ``time-to-accuracy``: the MLPerf mean (without fastest and slowest), its table
 - :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
 - :mod:`.shares` - whether ranks with one CPU limit get one share (a suite's ``balanced`` updates)
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)

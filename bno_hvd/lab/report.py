@@ -273,3 +273,23 @@ def read_experiment_meta(path: str) -> dict | None:
     except UsageError:  # an unreadable earlier file starts a new experiment
         return None
     return meta if isinstance(meta, dict) else None
+
+
+TTA_NAME = "time-to-accuracy"  # .json (written by the command), .md and .png (drawn from the .json)
+
+
+def write_tta_report(out_dir: str) -> str:
+    """``time-to-accuracy.md`` and ``.png`` in ``out_dir``, drawn from its ``time-to-accuracy.json``
+    (``bno-hvd time-to-accuracy --redraw``); returns the Markdown."""
+    from bno_hvd.lab.plots import plot_time_to_accuracy
+    from bno_hvd.lab.ttastats import markdown_report
+
+    base = os.path.join(out_dir, TTA_NAME)
+    data = read_json(base + ".json", "time-to-accuracy results")
+    text = markdown_report(data)
+    atomic_write(base + ".md", lambda fh: fh.write(text))
+    meta = data["meta"]
+    means = {name: row["mlperf_mean_s"] for name, row in data["summary"].items()}
+    title = f"time to {meta['target_accuracy']:.0%} test accuracy, {meta['rounds']} runs each ({meta['label']})"
+    plot_time_to_accuracy(data["runs"], means, base + ".png", title=title)
+    return text

@@ -1,5 +1,6 @@
-"""Several training runs one after another in one job: ``bno-hvd bench`` (strategies side by side)
-and ``bno-hvd experiment`` (the paper's models x strategies). Every rank runs this; rank 0
+"""Several training runs one after another in one job: ``bno-hvd bench`` (strategies side by side),
+``bno-hvd experiment`` (the paper's models x strategies) and ``bno-hvd time-to-accuracy`` (whole
+runs to a target accuracy, in rounds). Every rank runs this; rank 0
 summarises and writes. Runs share the job's MPI world and Horovod, not their state.
 """
 
@@ -30,6 +31,7 @@ from bno_hvd.lab.pairing import block_rate, comparison, round_orders
 from bno_hvd.lab.plugin import lab_plugin
 from bno_hvd.lab.report import read_experiment_meta, run_dir, write_bench_outputs, write_experiment_report
 from bno_hvd.lab.stalls import Stall, find_stalls
+from bno_hvd.lab.ttastats import summarize as summarize_tta
 from bno_hvd.training.loop import Training, run_training
 
 
@@ -216,3 +218,85 @@ def run_experiment(
             # full collection every run adds its model, gradients and momentum to the rank's RSS
             gc.collect()
     return write_experiment_report(out_dir, warn=echo) if world.master else None
+
+
+def tta_config(base, name: str, **changes):
+    """Strategy ``name``'s run in ``time-to-accuracy`` (no periodic evaluation of its own: the
+    loop below evaluates between blocks)."""
+    fixed = split_spec(name)[0] == "fixed"
+    return base.replace(
+        strategy=name, batch_sizes=base.batch_sizes if fixed else None, eval_every=0, progress=False, **changes
+    )
+
+
+def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
+    """One run from scratch until its first evaluation at or above ``target`` (every ``eval_every``
+    updates), or ``cfg.updates``; rank 0's record of it. Each evaluation runs with the clock
+    stopped and the quotas let go: it is not training, and at full speed it costs the job less."""
+    training = Training(cfg, world, plugin=lab_plugin)
+    evals = []
+    try:
+        while training.updates_done < cfg.updates:
+            training.advance(min(eval_every, cfg.updates - training.updates_done))
+            training.sit_out.catch_up()  # every rank scores its shard with the current model
+            now = training.clock.elapsed()
+            training.suspend()
+            score = training.run.task.score(training.run)  # one Horovod sum: every rank sees the same
+            training.resume()
+            samples = sum(r.global_batch for r in training.records)
+            evals.append({"update": training.updates_done, "samples": samples, "time": now, **score.point})
+            if evals[-1]["accuracy"] >= target:
+                break
+    finally:
+        training.close()
+    hit = next((e for e in evals if e["accuracy"] >= target), None)
+    return {
+        "seed": cfg.seed,
+        "time_to_target_s": hit["time"] if hit else None,
+        "update_at_target": hit["update"] if hit else None,
+        "samples_at_target": hit["samples"] if hit else None,
+        "updates": training.updates_done,
+        "train_seconds": evals[-1]["time"] if evals else None,
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "final_batch_sizes": list(training.records[-1].batch_sizes) if training.records else None,
+        "evals": evals,
+    }
+
+
+def run_time_to_accuracy(base, names, target, eval_every, rounds, warmup, out_dir, world, echo) -> dict | None:
+    """``bno-hvd time-to-accuracy``: an untimed warm-up run of ``warmup`` updates per strategy, then
+    ``rounds`` rounds of one whole run per strategy in a new random order (rank 0 draws it from
+    ``base.seed`` and broadcasts it); round k's runs all start from seed ``base.seed + k``. Rank 0
+    returns the runs per strategy in round order and their summary (others None)."""
+    if warmup > 0:
+        if world.master:
+            echo(f"== warm-up: {warmup} untimed updates of each strategy")
+        for name in names:
+            training = Training(tta_config(base, name, updates=warmup), world, plugin=lab_plugin)
+            try:
+                training.advance()
+            finally:
+                training.close()
+            gc.collect()
+    orders = world.control_comm.bcast(round_orders(names, rounds, base.seed) if world.master else None, root=0)
+    runs = {name: [] for name in names}
+    for number, order in enumerate(orders, 1):
+        if world.master:
+            echo(f"== round {number}/{rounds}: {', '.join(order)}")
+        for position, name in enumerate(order):
+            log_dir = os.path.join(out_dir, "runs", f"round-{number}", name)
+            cfg = tta_config(base, name, seed=base.seed + number - 1, log_dir=log_dir)
+            run = run_to_target(cfg, world, target, eval_every)
+            runs[name].append(dict(run, round=number, position=position + 1))
+            if world.master:
+                t = run["time_to_target_s"]
+                echo(
+                    f"   {name}: "
+                    + (f"{t:.1f} s to {target:.0%}" if t is not None else f"not reached in {run['updates']} updates")
+                    + f" (accuracy {run['final_accuracy']:.4f} at update {run['updates']})"
+                )
+            gc.collect()  # free the finished run's model and optimizer before the next one
+    if not world.master:
+        return None
+    baseline = "equal" if "equal" in names else names[0]
+    return {"runs": runs, "summary": summarize_tta(runs, baseline), "baseline": baseline, "orders": orders}

@@ -247,6 +247,7 @@ def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
             evals.append({"update": training.updates_done, "samples": samples, "time": now, **score.point})
             if evals[-1]["accuracy"] >= target:
                 break
+        done = training.updates_done
     finally:
         training.close()
     hit = next((e for e in evals if e["accuracy"] >= target), None)
@@ -255,7 +256,7 @@ def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
         "time_to_target_s": hit["time"] if hit else None,
         "update_at_target": hit["update"] if hit else None,
         "samples_at_target": hit["samples"] if hit else None,
-        "updates": training.updates_done,
+        "updates": done,
         "train_seconds": evals[-1]["time"] if evals else None,
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_batch_sizes": list(training.records[-1].batch_sizes) if training.records else None,

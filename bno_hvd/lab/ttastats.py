@@ -53,7 +53,9 @@ def split_by_limits(limits: list[float], total: int) -> list[int]:
 def summarize(runs: dict[str, list[dict]], baseline: str = "equal") -> dict[str, dict]:
     """Per strategy (in the order of ``runs``): its MLPerf mean (s), how many runs reached the
     target, and ``x_baseline``: the baseline's mean over its own (a speed-up: > 1 is faster; None
-    where either mean does not exist). Each run is a dict with ``time_to_target_s`` (None: not reached)."""
+    where either mean does not exist), and the median update at which its runs reached it (``bno``
+    changes the global batch, so its runs need other numbers of updates). Each run is a dict with
+    ``time_to_target_s`` (None: not reached) and ``update_at_target``."""
     means = {name: mlperf_mean([r["time_to_target_s"] for r in rs]) for name, rs in runs.items()}
     base = means.get(baseline)
     out = {}
@@ -65,9 +67,18 @@ def summarize(runs: dict[str, list[dict]], baseline: str = "equal") -> dict[str,
             "reached": sum(t is not None for t in times),
             "mlperf_mean_s": mean,
             "x_" + baseline: base / mean if base and mean else None,
+            "median_updates_to_target": _median(
+                [r["update_at_target"] for r in rs if r["time_to_target_s"] is not None]
+            ),
             "left_out": list(trimmed_indices(times) or ()),  # indices into this strategy's runs
         }
     return out
+
+
+def _median(values: list) -> float | None:
+    ordered = sorted(values)
+    n = len(ordered)
+    return None if n == 0 else (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
 
 
 def _seconds(t: float | None) -> str:
@@ -93,14 +104,15 @@ def markdown_table(
     key = "x_" + baseline
     lines = [
         f"| strategy | time to {target:.0%} (s, mean without fastest and slowest) | x {baseline} | reached "
-        f"| runs: time to target s (final accuracy), round order |",
-        "|---|---|---|---|---|",
+        f"| updates to target (median) | runs: time to target s (final accuracy), round order |",
+        "|---|---|---|---|---|---|",
     ]
     for name, row in summary.items():
         ratio = "-" if row[key] is None else f"{row[key]:.2f}"
         mean = _seconds(row["mlperf_mean_s"]) if row["mlperf_mean_s"] is not None else "not reached"
         cells = ", ".join(run_cell(r, i in row["left_out"]) for i, r in enumerate(runs[name]))
-        lines.append(f"| {name} | {mean} | {ratio} | {row['reached']}/{row['runs']} | {cells} |")
+        updates = "-" if row["median_updates_to_target"] is None else f"{row['median_updates_to_target']:g}"
+        lines.append(f"| {name} | {mean} | {ratio} | {row['reached']}/{row['runs']} | {updates} | {cells} |")
     lines.append("")
     lines.append(
         "\\* left out of the mean (the fastest and the slowest run). Time: training seconds to the first "

@@ -18,8 +18,8 @@ from bno_hvd.lab.ttastats import (
 )
 
 
-def run(t, acc=0.86, updates=300):
-    return {"time_to_target_s": t, "final_accuracy": acc, "updates": updates}
+def run(t, acc=0.86, updates=300, at=None):
+    return {"time_to_target_s": t, "final_accuracy": acc, "updates": updates, "update_at_target": at or updates}
 
 
 # --- pure arithmetic ----------------------------------------------------------------------
@@ -54,8 +54,22 @@ def test_summary_speed_up_over_equal():
     }
     table = summarize(runs)
     assert list(table) == ["equal", "balanced", "bno"]
-    assert table["equal"] == {"runs": 5, "reached": 5, "mlperf_mean_s": 63.0, "x_equal": 1.0, "left_out": [4, 3]}
-    assert table["balanced"] == {"runs": 5, "reached": 4, "mlperf_mean_s": 21.0, "x_equal": 3.0, "left_out": [4, 1]}
+    assert table["equal"] == {
+        "runs": 5,
+        "reached": 5,
+        "mlperf_mean_s": 63.0,
+        "x_equal": 1.0,
+        "median_updates_to_target": 300,
+        "left_out": [4, 3],
+    }
+    assert table["balanced"] == {
+        "runs": 5,
+        "reached": 4,
+        "mlperf_mean_s": 21.0,
+        "x_equal": 3.0,
+        "median_updates_to_target": 300,
+        "left_out": [4, 1],
+    }
     assert table["bno"]["mlperf_mean_s"] is None and table["bno"]["x_equal"] is None and table["bno"]["reached"] == 3
     assert summarize(runs, "balanced")["equal"]["x_balanced"] == pytest.approx(21 / 63)
 
@@ -68,14 +82,14 @@ def test_the_fixed_split_follows_the_limits():
 
 def test_markdown_table_lists_every_run_and_marks_the_left_out():
     runs = {
-        "equal": [run(60.0), run(66.0, 0.851), run(63.0)],
-        "balanced": [run(21.0), run(None, 0.842, 400), run(20.0)],
+        "equal": [run(60.0, at=250), run(66.0, 0.851, at=300), run(63.0, at=250)],
+        "balanced": [run(21.0, at=250), run(None, 0.842, 400), run(20.0, at=300)],  # median of 250, 300
     }
     lines = markdown_table(summarize(runs), runs, 0.85).splitlines()
     assert lines[0].startswith("| strategy | time to 85% (s, mean without fastest and slowest) | x equal | reached |")
-    assert lines[2] == "| equal | 63.0 | 1.00 | 3/3 | 60.0 (0.860)*, 66.0 (0.851)*, 63.0 (0.860) |"
+    assert lines[2] == "| equal | 63.0 | 1.00 | 3/3 | 250 | 60.0 (0.860)*, 66.0 (0.851)*, 63.0 (0.860) |"
     assert lines[3] == (
-        "| balanced | 21.0 | 3.00 | 2/3 | 21.0 (0.860), not reached (0.842 after 400 updates)*, 20.0 (0.860)* |"
+        "| balanced | 21.0 | 3.00 | 2/3 | 275 | 21.0 (0.860), not reached (0.842 after 400 updates)*, 20.0 (0.860)* |"
     )
     runs["balanced"][0] = run(None, 0.8)
     assert "| balanced | not reached | - | 1/3 |" in markdown_table(summarize(runs), runs, 0.85)
@@ -98,7 +112,7 @@ def test_markdown_report_says_what_when_and_how():
     text = markdown_report({"meta": meta, "runs": runs, "summary": summarize(runs), "baseline": "equal"})
     assert text.startswith("Time to 88% test accuracy: REAL: quotas 0.3,0.1; 2 ranks, 1 rounds")
     assert "Measured 2026-11-26 12:00 UTC on commit abc1234: `bno-hvd time-to-accuracy --out x`" in text
-    assert "| equal | 10.0 | 1.00 | 1/1 | 10.0 (0.860) |" in text
+    assert "| equal | 10.0 | 1.00 | 1/1 | 300 | 10.0 (0.860) |" in text
 
 
 # --- the command --------------------------------------------------------------------------

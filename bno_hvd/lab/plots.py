@@ -171,24 +171,34 @@ def plot_stragglers(rank_steps: list, path: str, *, title: str, max_columns: int
     plt.close(fig)
 
 
-def plot_time_to_accuracy(runs: dict[str, list[dict]], means: dict, path: str, *, title: str) -> None:
-    """Time to target per strategy: every run a point (a red cross above the rest where a run
-    never reached the target), the mean without the fastest and the slowest run a black bar."""
+def plot_time_to_accuracy(runs: dict[str, list[dict]], summary: dict[str, dict], path: str, *, title: str) -> None:
+    """Time to target per strategy (``bno-hvd time-to-accuracy``): every run a point (hollow where
+    the mean left it out, a red cross above the rest where it never reached the target), the mean
+    without the fastest and the slowest run a black bar."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs) + 2), 4.6))
     reached = [r["time_to_target_s"] for rs in runs.values() for r in rs if r["time_to_target_s"] is not None]
     ceiling = 1.08 * max(reached, default=1.0)  # where runs that never reached the target are drawn
-    labels = {"run": "a run", "missed": "not reached", "mean": "mean without fastest, slowest"}
+    labels = {"in": "a run", "out": "a run left out", "missed": "not reached", "mean": "mean without fastest, slowest"}
     for x, (name, rs) in enumerate(runs.items()):
-        spread = [x + 0.25 * (k / max(1, len(rs) - 1) - 0.5) for k in range(len(rs))]  # round order
-        hit = [(s, r["time_to_target_s"]) for s, r in zip(spread, rs) if r["time_to_target_s"] is not None]
-        missed = [s for s, r in zip(spread, rs) if r["time_to_target_s"] is None]
-        if hit:
-            ax.scatter(*zip(*hit), s=22, color="C0", label=labels.pop("run", None))
-        if missed:
-            ax.scatter(missed, [ceiling] * len(missed), marker="x", color="C3", label=labels.pop("missed", None))
-        if means.get(name) is not None:
-            ax.hlines(means[name], x - 0.3, x + 0.3, color="k", lw=2, label=labels.pop("mean", None))
+        left_out = summary[name]["left_out"]
+        for k, r in enumerate(rs):
+            at = x + 0.25 * (k / max(1, len(rs) - 1) - 0.5)  # spread in round order
+            if r["time_to_target_s"] is None:
+                ax.scatter([at], [ceiling], marker="x", color="C3", label=labels.pop("missed", None))
+            elif k in left_out:
+                ax.scatter(
+                    [at],
+                    [r["time_to_target_s"]],
+                    s=22,
+                    facecolors="none",
+                    edgecolors="C0",
+                    label=labels.pop("out", None),
+                )
+            else:
+                ax.scatter([at], [r["time_to_target_s"]], s=22, color="C0", label=labels.pop("in", None))
+        if summary[name]["mlperf_mean_s"] is not None:
+            ax.hlines(summary[name]["mlperf_mean_s"], x - 0.3, x + 0.3, color="k", lw=2, label=labels.pop("mean", None))
     ax.set_xticks(range(len(runs)), list(runs))
     ax.set_ylim(bottom=0)
     _finish(fig, ax, path, xlabel=None, ylabel="training seconds to the target", title=title, grid="y")

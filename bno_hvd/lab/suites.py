@@ -234,7 +234,7 @@ def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
     updates), or ``cfg.updates``; rank 0's record of it. Each evaluation runs with the clock
     stopped and the quotas let go: it is not training, and at full speed it costs the job less."""
     training = Training(cfg, world, plugin=lab_plugin)
-    evals = []
+    evals, error = [], None
     try:
         while training.updates_done < cfg.updates:
             training.advance(min(eval_every, cfg.updates - training.updates_done))
@@ -247,8 +247,10 @@ def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
             evals.append({"update": training.updates_done, "samples": samples, "time": now, **score.point})
             if evals[-1]["accuracy"] >= target:
                 break
-        done = training.updates_done
+    except TrainingError as err:  # every rank sees the same global loss: all end here, the run missed
+        error = str(err)
     finally:
+        done = training.updates_done
         training.close()
     hit = next((e for e in evals if e["accuracy"] >= target), None)
     return {
@@ -261,13 +263,14 @@ def run_to_target(cfg, world, target: float, eval_every: int) -> dict:
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_batch_sizes": list(training.records[-1].batch_sizes) if training.records else None,
         "evals": evals,
+        "error": error,
     }
 
 
 def run_time_to_accuracy(base, names, target, eval_every, rounds, warmup, out_dir, world, echo) -> dict | None:
     """``bno-hvd time-to-accuracy``: an untimed warm-up run of ``warmup`` updates per strategy, then
     ``rounds`` rounds of one whole run per strategy in a new random order (rank 0 draws it from
-    ``base.seed`` and broadcasts it); round k's runs all start from seed ``base.seed + k``. Rank 0
+    ``base.seed`` and broadcasts it); round k's runs (k from 1) start from seed ``base.seed + k - 1``. Rank 0
     returns the runs per strategy in round order and their summary (others None)."""
     if warmup > 0:
         if world.master:
@@ -294,7 +297,8 @@ def run_time_to_accuracy(base, names, target, eval_every, rounds, warmup, out_di
                 echo(
                     f"   {name}: "
                     + (f"{t:.1f} s to {target:.0%}" if t is not None else f"not reached in {run['updates']} updates")
-                    + f" (accuracy {run['final_accuracy']:.4f} at update {run['updates']})"
+                    + (f" (accuracy {run['final_accuracy']:.4f} at update {run['updates']})" if run["evals"] else "")
+                    + (f"; stopped: {run['error']}" if run["error"] else "")
                 )
             gc.collect()  # free the finished run's model and optimizer before the next one
     if not world.master:

@@ -54,7 +54,9 @@ def commit_of_checkout() -> str:
 @train_options(exclude=("strategy",))
 @click.option("--strategies", default=DEFAULT_STRATEGIES, show_default=True, help="Comma-separated strategies.")
 @click.option("--target-accuracy", type=float, default=0.85, show_default=True, help="Target test accuracy.")
-@click.option("--eval-every", type=int, default=25, show_default=True, help="Evaluate every K updates.")
+@click.option(
+    "--eval-every", type=int, default=50, show_default=True, help="Evaluate the whole test split every K updates."
+)
 @click.option("--rounds", type=int, default=5, show_default=True, help="Runs per strategy, one per round.")
 @click.option("--warmup", type=int, default=20, show_default=True, help="Untimed updates of each strategy first.")
 @click.option(

@@ -97,7 +97,7 @@ def time_to_accuracy(strategies, target_accuracy, eval_every, rounds, warmup, ou
     from bno_hvd.common.atomic import write_json_atomic
     from bno_hvd.lab.heterogeneity import from_config
     from bno_hvd.lab.suites import run_time_to_accuracy
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
 
     world = init_world(**base.world_options())
     echo = lambda m: click.echo(m, err=True)  # noqa: E731

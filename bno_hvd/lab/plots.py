@@ -200,5 +200,5 @@ def plot_time_to_accuracy(runs: dict[str, list[dict]], summary: dict[str, dict],
         if summary[name]["mlperf_mean_s"] is not None:
             ax.hlines(summary[name]["mlperf_mean_s"], x - 0.3, x + 0.3, color="k", lw=2, label=labels.pop("mean", None))
     ax.set_xticks(range(len(runs)), list(runs))
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.06 * ceiling)  # the crosses of runs that missed stay inside
     _finish(fig, ax, path, xlabel=None, ylabel="training seconds to the target", title=title, grid="y")

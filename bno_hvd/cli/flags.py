@@ -305,6 +305,17 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
         (
+            "exact-batchnorm",
+            click.option(
+                "--exact-batchnorm/--local-batchnorm",
+                default=D.exact_batchnorm,
+                show_default=True,
+                help="A model's BatchNorm normalises by the global batch's statistics (one small allreduce per "
+                "layer, forward and backward), so uneven batches train exactly as one process; --local-batchnorm: "
+                "by each rank's own batch, as plain Horovod does.",
+            ),
+        ),
+        (
             "amp",
             click.option(
                 "--amp/--no-amp",

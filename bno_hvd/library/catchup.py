@@ -11,7 +11,9 @@ computes nothing, takes no optimizer step, and waits only at the next rebalance.
 
 Its model and optimizer state are then behind. Before it computes again, and before anything
 that uses every rank's model (an evaluation, the final score), rank 0 (which never sits out)
-sends it its own: parameters, buffers and optimizer state, copied exactly, so the run stays
+sends it its own: parameters, buffers (BatchNorm's running statistics), optimizer state and the
+GradScaler's state (its loss scale and growth tracker: a rank unscaling by another scale would
+take another step), copied exactly, so the run stays
 the one a single process would take on the same global batches (``tests/library/test_sit_out.py``).
 """
 
@@ -23,8 +25,8 @@ TAG = 7301  # the control communicator's point-to-point tag of a catch-up
 class CatchUp:
     """Which ranks are behind, and what the gradient allreduce of an update runs over (every rank)."""
 
-    def __init__(self, world, model, optimizer):
-        self.world, self.model, self.optimizer = world, model, optimizer
+    def __init__(self, world, model, optimizer, scaler=None):
+        self.world, self.model, self.optimizer, self.scaler = world, model, optimizer, scaler
         self.behind: set[int] = set()  # ranks that sat out since rank 0 last sent them its state
 
     def begin(self, sizes: list[int]) -> bool:
@@ -43,16 +45,21 @@ class CatchUp:
         return self.optimizer.process_set
 
     def catch_up(self, ranks=None) -> bool:
-        """Rank 0 sends its model and optimizer state to ``ranks`` (default: every rank behind);
+        """Rank 0 sends its model, optimizer and GradScaler state to ``ranks`` (default: every rank behind);
         True when this rank sent or received one."""
         ranks = sorted(self.behind if ranks is None else ranks)
         comm, me = self.world.control_comm, self.world.rank
         for r in ranks:
             if me == 0:
-                comm.send({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, dest=r, tag=TAG)
+                state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+                if self.scaler is not None:
+                    state["scaler"] = self.scaler.state_dict()
+                comm.send(state, dest=r, tag=TAG)
             elif me == r:
                 state = comm.recv(source=0, tag=TAG)
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
+                if self.scaler is not None:
+                    self.scaler.load_state_dict(state["scaler"])
         self.behind.difference_update(ranks)
         return bool(ranks) and (me == 0 or me in ranks)

@@ -135,6 +135,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
         **horovod_options,
     )
     params = [p for group in wrapped.param_groups for p in group["params"] if p.requires_grad]
+    balancer.gradients_weighted = weighted  # exact BatchNorm's backward works in the same frame (library/batchnorm.py)
     wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
     wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
     return wrapped

@@ -25,6 +25,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.data.images import Datasets
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.control.monitor import MetricsMonitor
+from bno_hvd.library.exact import exact_for_run
 from bno_hvd.library.step import TextOptions
 from bno_hvd.processes.cpulimit import cpu_limit
 from bno_hvd.processes.device import Device, measure_cap
@@ -200,6 +201,13 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             sit_out=getattr(world, "sit_out_sets", None) is not None and not split,
             text=TextOptions(max_tokens=cfg.token_cap_of(world.rank), **split) if split else None,
         )
+        batchnorm_note = exact_for_run(
+            prepared.model,
+            balancer,
+            enabled=cfg.exact_batchnorm,
+            capped=cfg.max_batch is not None or cfg.max_batch_auto or cfg.max_tokens is not None,
+            process_sets=getattr(world, "sit_out_sets", None),
+        )
         # Wrap first: DistributedOptimizer is a new optimizer object with empty state, so a
         # checkpoint's momentum/Adam moments must be loaded into (and broadcast from) the wrapper.
         optimizer = hvd.DistributedOptimizer(
@@ -246,7 +254,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
     }
     master = world.rank == 0
     if master:
-        for note in prepared.notes:
+        for note in prepared.notes + ((batchnorm_note,) if batchnorm_note else ()):
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None, keep_before=resumed_from)
     progress = Progress(cfg.updates, enabled=master and cfg.progress, start=balancer.update)

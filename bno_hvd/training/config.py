@@ -33,6 +33,7 @@ class TrainConfig:
     image_size: int = 64  # imagefolder: side of the square crops
     synthetic_size: int = SYNTHETIC_SIZE
     dtype: str = "float32"  # float64 for exactness checks
+    exact_batchnorm: bool = True  # BatchNorm with the global batch's statistics (bno_hvd/library/batchnorm.py)
     max_seq_len: int = 256  # text: most predictions per sequence (longer documents are cut into pieces)
     vocab_size: int = 2048  # text: entries of the BPE tokenizer trained on the training documents
     # -- how to split it ----------------------------------------------------------------------

@@ -50,7 +50,7 @@ class Training:
         self.cfg, self.world, self.out = cfg, world, out
         self.run = build_run(cfg, world, plugin)
         self.clock, self.records, self.steps, self.evals = Stopwatch(), [], [], []
-        self.sit_out = CatchUp(world, self.run.model, self.run.optimizer)
+        self.sit_out = CatchUp(world, self.run.model, self.run.optimizer, self.run.scaler)
         try:
             self.run.hooks.start(self.run)
             # under the run's quotas

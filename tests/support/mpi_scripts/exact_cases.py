@@ -1,0 +1,176 @@
+"""Exact BatchNorm and the GradScaler of a rank back from sitting out, through the library API.
+
+Usage (under mpirun; one process gives the reference)::
+
+    python exact_cases.py MODE MODEL DATA_ROOT OUT_DIR [--plain]
+
+- ``MODE dropin``: a plain Horovod loop with ``bno.DataLoader`` / ``bno.DistributedOptimizer``
+  (``op=hvd.Average``: each rank's gradients are weighted, not its loss) and ``bno.exact(model)``;
+  ``--plain`` leaves the model as it is. Rank 0 saves the model (``model.pt``).
+- ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
+  :class:`~bno_hvd.runtime.sitout.SitOut`) with rank 3 at 0 samples for some updates, float64.
+- ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
+  ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
+  out).
+
+Every rank (a one-rank run too) trains 12 updates of 16 samples (global batch) of the real
+Fashion-MNIST; with 4 ranks the split follows :data:`SPLITS`, one entry per 2 updates, a rank at
+1 sample in each. After every update each rank reports, on a communicator of its own, whether it
+computed, its loss scale and its parameters and buffers; rank 0 writes them to
+``OUT_DIR/updates.json`` (the largest difference of each computing rank's state from rank 0's).
+"""
+
+import json
+import os
+import sys
+
+import horovod.torch as hvd
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mpi4py import MPI
+from torchvision import datasets, transforms
+
+import bno_hvd as bno
+from bno_hvd.allocation import Strategy, make_strategy
+from bno_hvd.data.models import build_model
+from bno_hvd.runtime.balancer import Balancer
+from bno_hvd.runtime.collectives import optimizer_step
+from bno_hvd.runtime.sitout import SitOut
+from bno_hvd.runtime.world import init_world
+
+UPDATES, GLOBAL, SEED = 12, 16, 5
+SPLITS = {  # every 2 updates; a rank at 1 in each; rank 3 sits out (0) in the second and third
+    "dropin": [[1, 7, 3, 5], [6, 1, 4, 5], [9, 2, 4, 1], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
+    "sitout": [[1, 7, 3, 5], [6, 1, 9, 0], [8, 4, 4, 0], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
+}
+
+
+class Splits(Strategy):
+    """The split of :data:`SPLITS`, changed at every rebalance (every 2 updates)."""
+
+    name = "splits"
+
+    def __init__(self, splits):
+        super().__init__(len(splits[0]), 4, global_batch=GLOBAL)
+        self.splits = splits
+
+    def initial(self):
+        return list(self.splits[0])
+
+    def rebalance(self, metrics, current, update):
+        self._begin(metrics, current)
+        return list(self.splits[(update // 2) % len(self.splits)])
+
+
+def model_named(name):
+    if name == "mlp":  # BatchNorm1d on (N, 32) features: a rank of 1 sample is one value per channel
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    return build_model(name, 10, (1, 28, 28))
+
+
+def strategy_for(mode, size):
+    if size == 1:
+        return make_strategy("fixed", 1, GLOBAL, batch_sizes=[GLOBAL])
+    return Splits(SPLITS["dropin" if mode == "dropin" else "sitout"])
+
+
+class Reports:
+    """After each update: every rank's (computed, scale, state) -> rank 0's table of differences."""
+
+    def __init__(self, comm):
+        self.comm, self.rows = comm, []
+
+    def add(self, sizes, computed, model, scaler):
+        state = torch.cat([t.detach().double().flatten() for t in model.state_dict().values()])
+        scale = scaler.get_scale() if scaler is not None else None
+        everyone = self.comm.gather((computed, scale, state), root=0)
+        if everyone is not None:
+            ref = everyone[0][2]
+            self.rows.append(
+                {
+                    "sizes": list(sizes),
+                    "computed": [c for c, _, _ in everyone],
+                    "scales": [s for _, s, _ in everyone],
+                    "diff": [float((s - ref).abs().max()) for _, _, s in everyone],
+                }
+            )
+
+
+def run_dropin(mode, model_name, data, plain):
+    bal = bno.Balancer.for_world(data, 4, strategy_for(mode, hvd.size()), seed=SEED, rebalance_every=2)
+    loader = bno.DataLoader(data, sampler=bal)
+    model = model_named(model_name)
+    if not plain:
+        model = bno.exact(model, bal)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=bal)
+    reports, done = Reports(MPI.COMM_WORLD.Dup()), 0
+    while done < UPDATES:
+        for images, labels in loader:
+            sizes = bal.current_step.batch_sizes
+            optimizer.zero_grad()
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            reports.add(sizes, True, model, None)
+            done += 1
+            if done == UPDATES:
+                break
+    return model, reports
+
+
+def run_sitout(mode, model_name, data):
+    world = init_world("mpi", "cpu")
+    bal = Balancer(
+        world.control_comm, strategy_for(mode, world.size), len(data), seed=SEED, rebalance_every=2, sit_out=True
+    )
+    loader = bal.loader(data)
+    model = bno.exact(model_named(model_name), bal, process_sets=world.sit_out_sets)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
+    scaler = None if mode == "sitout" else torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    sit_out = SitOut(world, model, optimizer, scaler)
+    reports = Reports(world.control_comm.Dup())
+    for batch in bal.batches(loader, UPDATES):
+        sit_out.begin(bal.batch_sizes)
+        step = bal.start_step(batch)
+        if step.size:
+            optimizer.zero_grad()
+            images, labels = batch.data
+            if scaler is None:
+                (F.cross_entropy(model(images), labels) * step.weight).backward()
+            else:
+                with torch.autocast("cpu", dtype=getattr(torch, mode)):
+                    loss = F.cross_entropy(model(images), labels) * step.weight
+                scaler.scale(loss).backward()
+            optimizer_step(optimizer, scaler)
+        bal.end_compute()
+        bal.end_step()
+        reports.add(step.batch_sizes, step.size > 0, model, scaler)
+    sit_out.catch_up()
+    reports.add([1] * world.size, True, model, scaler)  # after the last catch-up: every rank alike
+    return model, reports
+
+
+def main():
+    mode, model_name, root, out = sys.argv[1:5]
+    plain = "--plain" in sys.argv[5:]
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout") else torch.float32)
+    torch.manual_seed(SEED)
+    data = datasets.FashionMNIST(root, train=True, transform=transforms.ToTensor(), download=False)
+    if mode == "dropin":
+        hvd.init()
+        model, reports = run_dropin(mode, model_name, data, plain)
+    else:
+        model, reports = run_sitout(mode, model_name, data)
+    if hvd.rank() == 0:
+        torch.save(model.state_dict(), os.path.join(out, "model.pt"))
+        with open(os.path.join(out, "updates.json"), "w") as fh:
+            json.dump(reports.rows, fh)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@ parameters and optimizer state broadcast to all. Every line of the port ends in 
 comment that says what the plain Horovod line was ("was <line>") or that it is new ("added");
 putting those lines back gives the plain script, which tests/library/test_horovod_port.py builds
 and runs. Lines marked "# offline" read Fashion-MNIST from local files (nothing is downloaded).
+The port's exact(model, sampler) draws each dropout mask per global sample and gives BatchNorm
+layers (this Net has none) the global batch's statistics: uneven ranks then train as one process.
 Trains on the CPU:
 
     source launch/mpi-env
@@ -121,7 +123,7 @@ def main():
     test_sampler = DistributedSampler(test_set, num_replicas=hvd.size(), rank=hvd.rank())
     test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=test_sampler)
 
-    model = bno.exact_dropout(Net(), train_sampler)  # bno-hvd: was model = Net()
+    model = bno.exact(Net(), train_sampler)  # bno-hvd: was model = Net()
     # a step of N ranks takes N times one rank's batch, so it takes N times the learning rate
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     # every rank starts from rank 0's weights and optimizer state

@@ -1,11 +1,11 @@
-"""The flags train, bench and experiment share: one place, defaults from TrainConfig, and their
-values turned into a TrainConfig (list flags parsed, everything validated)."""
+"""The flags train, bench and experiment share (defaults from TrainConfig), made a validated TrainConfig."""
 
 from __future__ import annotations
 
 import click
 
 from bno_hvd.allocation import STRATEGY_NAMES
+from bno_hvd.cli.modelflags import MODEL_OPTIONS
 from bno_hvd.cli.textflags import TEXT_OPTIONS, text_values
 from bno_hvd.common.parsing import CAP, parse_int_list
 from bno_hvd.data.catalog import DATASET_NAMES, MODEL_NAMES, TEXT_DATASET_NAMES, TEXT_MODEL_NAMES
@@ -305,17 +305,6 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
         (
-            "exact-batchnorm",
-            click.option(
-                "--exact-batchnorm/--local-batchnorm",
-                default=D.exact_batchnorm,
-                show_default=True,
-                help="A model's BatchNorm normalises by the global batch's statistics (one small allreduce per "
-                "layer, forward and backward), so uneven batches train exactly as one process; --local-batchnorm: "
-                "by each rank's own batch, as plain Horovod does.",
-            ),
-        ),
-        (
             "amp",
             click.option(
                 "--amp/--no-amp",
@@ -340,7 +329,7 @@ def train_options(fn=None, *, exclude=()):
             ),
         ),
     ] + TEXT_OPTIONS
-    for name, opt in reversed(opts):
+    for name, opt in reversed(MODEL_OPTIONS + opts):
         if name not in exclude:
             fn = opt(fn)
     return fn

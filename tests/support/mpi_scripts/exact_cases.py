@@ -6,7 +6,8 @@ Usage (under mpirun; one process gives the reference)::
 
 - ``MODE dropin``: a plain Horovod loop with ``bno.DataLoader`` / ``bno.DistributedOptimizer``
   (``op=hvd.Average``: each rank's gradients are weighted, not its loss) and ``bno.exact(model)``;
-  ``--plain`` leaves the model as it is. Rank 0 saves the model (``model.pt``).
+  ``--plain`` leaves the model as it is (with a rank at 1 sample, torch's BatchNorm1d refuses the
+  batch). Rank 0 saves the model (``model.pt``).
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.runtime.sitout.SitOut`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
@@ -103,7 +104,7 @@ def run_dropin(mode, model_name, data, plain):
     model = model_named(model_name)
     if not plain:
         model = bno.exact(model, bal)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=bal)
     reports, done = Reports(MPI.COMM_WORLD.Dup()), 0

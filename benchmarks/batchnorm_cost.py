@@ -23,9 +23,9 @@ NAMES = ("exact", "plain")
 def rank_main(args) -> None:
     from bno_hvd.lab.pairing import block_rate, median_interval, paired_ratios, round_orders
     from bno_hvd.lab.plugin import check_lab_config, lab_plugin
-    from bno_hvd.runtime.config import TrainConfig
-    from bno_hvd.runtime.loop import Training
-    from bno_hvd.runtime.world import init_world
+    from bno_hvd.processes.world import init_world
+    from bno_hvd.training.config import TrainConfig
+    from bno_hvd.training.loop import Training
 
     base = TrainConfig(
         model=args.model,

@@ -6,7 +6,8 @@ become a :class:`~bno_hvd.training.config.TrainConfig` and a run, and where lab 
 (emulation, CPU quotas, faults) is plugged into a training run. Nothing imports the CLI.
 
 - :mod:`.main` - the click group (``bno-hvd``), one error line per user error
-- :mod:`.flags` - the flags train, bench and experiment share (:mod:`.textflags`: the text ones)
+- :mod:`.flags` - the flags train, bench and experiment share (:mod:`.textflags`: the text ones,
+  :mod:`.modelflags`: ``--exact-batchnorm``)
 - :mod:`.bench_text` - ``bench --dataset text``
 - :mod:`.train`, :mod:`.bench`, :mod:`.experiment`, :mod:`.allocate`, :mod:`.docs` - the commands
 - :mod:`.tta` - ``time-to-accuracy``: whole runs to a target accuracy, in rounds

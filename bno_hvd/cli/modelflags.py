@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bno_hvd.runtime.config import TrainConfig
+from bno_hvd.training.config import TrainConfig
 
 D = TrainConfig()
 

@@ -1,5 +1,5 @@
 """THE LIBRARY a user's script imports: the Balancer and its parts, the drop-in surface for a
-Horovod script, and exact dropout. May import :mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`,
+Horovod script, and exact dropout and BatchNorm. May import :mod:`bno_hvd.common`, :mod:`bno_hvd.allocation`,
 :mod:`bno_hvd.data` and :mod:`bno_hvd.processes`; never the training application, the lab or
 the CLI.
 
@@ -14,6 +14,7 @@ The Balancer (the public step API) and its parts:
 - :mod:`.catchup` - the state a rank receives when it computes again after sitting out
 
 The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
-(``DataLoader``, ``DistributedOptimizer``, one-line errors) and :mod:`.dropout` (dropout masks
-per global sample, so that N ranks equal one process).
+(``DataLoader``, ``DistributedOptimizer``, one-line errors). So that N ranks equal one process:
+:mod:`.dropout` (dropout masks per global sample), :mod:`.batchnorm` (BatchNorm by the global
+batch's statistics) and :mod:`.exact` (``bno.exact``: both in one call).
 """

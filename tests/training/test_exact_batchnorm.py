@@ -1,4 +1,4 @@
-"""Exact BatchNorm (:mod:`bno_hvd.runtime.batchnorm`) through ``bno-hvd train``: torchvision's
+"""Exact BatchNorm (:mod:`bno_hvd.library.batchnorm`) through ``bno-hvd train``: torchvision's
 ``resnet18`` (20 BatchNorm2d layers) on 4 ranks whose split changes every 2 updates and has a rank
 at 1 sample in every update trains exactly as one process on the same global batches, whose
 BatchNorm is torch's own (``--local-batchnorm`` on one rank is plain BatchNorm): parameters and

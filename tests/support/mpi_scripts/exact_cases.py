@@ -9,7 +9,7 @@ Usage (under mpirun; one process gives the reference)::
   ``--plain`` leaves the model as it is (with a rank at 1 sample, torch's BatchNorm1d refuses the
   batch). Rank 0 saves the model (``model.pt``).
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
-  :class:`~bno_hvd.runtime.sitout.SitOut`) with rank 3 at 0 samples for some updates, float64.
+  :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
   ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
   out).
@@ -35,10 +35,10 @@ from torchvision import datasets, transforms
 import bno_hvd as bno
 from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.data.models import build_model
-from bno_hvd.runtime.balancer import Balancer
-from bno_hvd.runtime.collectives import optimizer_step
-from bno_hvd.runtime.sitout import SitOut
-from bno_hvd.runtime.world import init_world
+from bno_hvd.library.balancer import Balancer
+from bno_hvd.library.catchup import CatchUp
+from bno_hvd.processes.collectives import optimizer_step
+from bno_hvd.processes.world import init_world
 
 UPDATES, GLOBAL, SEED = 12, 16, 5
 SPLITS = {  # every 2 updates; a rank at 1 in each; rank 3 sits out (0) in the second and third
@@ -132,7 +132,7 @@ def run_sitout(mode, model_name, data):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
     scaler = None if mode == "sitout" else torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
-    sit_out = SitOut(world, model, optimizer, scaler)
+    sit_out = CatchUp(world, model, optimizer, scaler)
     reports = Reports(world.control_comm.Dup())
     for batch in bal.batches(loader, UPDATES):
         sit_out.begin(bal.batch_sizes)

@@ -1,0 +1,9 @@
+"""A simulator of the update for allocation policies (pure Python/NumPy: no MPI, no clock).
+
+- :mod:`.cfs` - CPU time under a CFS limit, with its period's quantisation
+- :mod:`.machine` - the calibrated machine and one profile of ranks
+- :mod:`.engine` - the update: compute, arrival, wait, allreduce; the metrics a strategy gets
+- :mod:`.calibration` - fitting the machine from the REAL suite's logs
+- :mod:`.realsuite` - the REAL suite's profiles, and the validation table
+- :mod:`.families` - random profiles: ``bno-hvd simulate``
+"""

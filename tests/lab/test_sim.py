@@ -64,13 +64,13 @@ def test_the_metrics_are_what_a_real_job_reports():
     assert w.metrics(6, np.array([0.4, np.inf, 0.2]), [0] * 3).compute_samples[2] == []
 
 
-def test_equal_ranks_split_equally_and_the_update_is_compute_plus_allreduce():
+def test_equal_ranks_split_equally_and_the_update_is_compute_and_the_allreduce():
     machine = replace(Machine.load(), noise=(0.0,), spin=0.0, ring_spin=0.0, cold=0.0)
     profile = SimProfile("free", [np.inf] * 2, global_batch=64)
     run = simulate(profile, machine, "balanced", 40)
     assert all(s == [32, 32] for s in run.splits)
     compute = machine.fixed_cpu + 32 * machine.per_sample_cpu
-    expected = compute + machine.sync_cpu + machine.network / 3
+    expected = compute + max(machine.sync_cpu, machine.network / 1.5)  # the slowest part, or the wire
     assert run.seconds[:9] == pytest.approx(np.full(9, expected))  # no rebalance in them
     # a rank at 0 samples sits out: nothing measured, and the other has no allreduce to wait for
     out = simulate(profile, machine, [64, 0], 20)

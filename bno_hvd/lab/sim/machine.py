@@ -18,22 +18,24 @@ CALIBRATION = os.path.join(os.path.dirname(__file__), "calibration.json")
 class Machine:
     """The costs every rank shares, fitted from the REAL suite's logs (:mod:`.calibration`).
 
-    One update of a rank with ``b`` samples needs ``fixed_cpu + per_sample_cpu * b`` CPU seconds
-    (its gap before the step and its compute), plus ``pass_cpu`` per extra micro-batch over a
-    memory cap; for text a sample of ``n`` tokens costs ``per_token_cpu * n + per_square_cpu * n**2``
-    instead of ``per_sample_cpu``. Its part of the allreduce needs ``sync_cpu`` CPU seconds, at its
-    own limit (a ring of N ranks has N - 1 steps each way; the suite ran 4); a rank that shares its core with
-    busy processes waits ``wake`` s per busy process in it (the scheduler runs it late at every
-    ring step), and it gets ``1 / (1 + busy_weight * busy)`` of its core while it computes (the
-    scheduler favours a process that slept: a rank among 5 busy processes got ~1/4, not 1/6). A
-    rank that waits at the allreduce burns ``spin`` CPU s per wall s (Gloo sleeps: near 0; MPI
-    polls: near 1), and ``ring_spin`` from the end of its own part to the end of the allreduce
-    (the ring's progress loop). The allreduce ends when the slowest part does, and no sooner than
-    ``network`` (times ``(N - 1) / 3``) after the last rank arrived. A throttled phase loses ``cold``
-    CPU s each time it resumes (:class:`~bno_hvd.lab.sim.cfs.Quota`). ``rebalance`` s are added at
-    every rebalance. ``noise``: quantiles of the relative deviation of one step's time from its
-    interval's median,
-    from recorded updates."""
+    Compute: a rank with ``b`` samples needs ``fixed_cpu + per_sample_cpu * b`` CPU s per update
+    (its gap before the step and its compute), ``pass_cpu`` more per extra micro-batch over a
+    memory cap; for text a sequence of ``n`` tokens costs ``per_token_cpu * n + per_square_cpu *
+    n**2`` instead of ``per_sample_cpu``. A throttled phase loses ``cold`` CPU s each time it
+    resumes (:class:`~bno_hvd.lab.sim.cfs.Quota`). Among busy processes a rank gets ``1 / (1 +
+    busy_weight * busy)`` of its core (the scheduler favours a process that slept: a rank among 5
+    busy processes got ~1/4, not 1/6).
+
+    Sync: each rank's part of the allreduce needs ``sync_cpu`` CPU s at its own limit, plus
+    ``wake`` s per busy process on its core (run late at every ring step); the allreduce ends with
+    the slowest part, and no sooner than ``network`` s after the last arrival at 4 ranks (the
+    suite's; a ring moves ``2 (N - 1) / N`` of the gradients through each rank, so N ranks take
+    ``network * (2 (N - 1) / N) / 1.5``). A waiting rank burns ``spin`` CPU s per wall s before
+    the last arrival (Gloo sleeps: near 0; MPI polls: near 1), ``ring_spin`` after its own part.
+
+    ``rebalance`` s are added at every rebalance, ``rejoin`` s when a rank comes back from sitting
+    out (its state is sent to it, the process sets change); ``noise``: quantiles of one step's deviation from
+    its interval's median, from recorded updates."""
 
     fixed_cpu: float
     per_sample_cpu: float
@@ -45,6 +47,7 @@ class Machine:
     rebalance: float
     cold: float = 0.0
     busy_weight: float = 1.0
+    rejoin: float = 0.0
     pass_cpu: float = 0.0
     per_token_cpu: float = 0.0
     per_square_cpu: float = 0.0

@@ -83,6 +83,7 @@ GRID = {
     "ring_spin": np.linspace(0.0, 0.6, 7),
     "wake": np.linspace(0.0, 25e-3, 6),
     "busy_weight": np.linspace(0.2, 1.0, 5),
+    "overlap": np.linspace(0.0, 0.75, 4),
 }
 
 

@@ -162,20 +162,22 @@ def simulate(
             quota.set(limits, profile.share(busy, machine.busy_weight))
         inside = sizes > 0
         factor = 1.0 + noise[rng.integers(noise.size, size=n)]
-        work = work_of(machine, profile, sizes.astype(float), rng) * np.maximum(factor, 0.1)
+        sync_cpu = machine.sync_cpu if inside.sum() > 1 else 0.0  # a process set of one has nothing to reduce
+        early = machine.overlap * sync_cpu  # reduced during the backward pass, as gradients come out
+        work = work_of(machine, profile, sizes.astype(float), rng) * np.maximum(factor, 0.1) + early
         done = quota.run(np.full(n, t), work, inside)
         done = t + (done - t) / speed  # an EMULATED rank waits as if slower (asleep)
         last = done[inside].max()
         spun = quota.spin(done, np.full(n, last), machine.spin, inside)
-        sync_cpu = machine.sync_cpu if inside.sum() > 1 else 0.0  # a process set of one has nothing to reduce
-        part = quota.run(np.full(n, last), np.full(n, sync_cpu), inside) + machine.wake * busy * (sync_cpu > 0)
+        part = quota.run(np.full(n, last), np.full(n, sync_cpu - early), inside) + machine.wake * busy * (sync_cpu > 0)
         k = inside.sum()  # a ring moves 2 (k - 1) / k of the gradients through every rank (1.5 at 4 ranks)
         end = max(part[inside].max(), last + machine.network * (2 * (k - 1) / k) / 1.5)
         spun = spun + quota.spin(part, np.full(n, end), machine.ring_spin, inside)  # polls for the ring
-        cpu = work + spun + sync_cpu
+        cpu = work + spun + sync_cpu - early
         runnable = np.maximum((done - t) * speed + (part - last) + spun, cpu)  # a spinning wait is runnable
-        windows.add(u, inside, [sizes, done - t, end - done, spun + sync_cpu, cpu, np.full(n, end - t), runnable])
-        sums += np.where(inside, [done - t, end - done, spun + sync_cpu], 0.0)
+        in_sync = spun + sync_cpu - early  # the CPU of its sync phase
+        windows.add(u, inside, [sizes, done - t, end - done, in_sync, cpu, np.full(n, end - t), runnable])
+        sums += np.where(inside, [done - t, end - done, in_sync], 0.0)
         count += inside
         seconds[u], samples[u] = end - t, sizes.sum()
         t = end

@@ -26,7 +26,8 @@ class Machine:
     busy_weight * busy)`` of its core (the scheduler favours a process that slept: a rank among 5
     busy processes got ~1/4, not 1/6).
 
-    Sync: each rank's part of the allreduce needs ``sync_cpu`` CPU s at its own limit, plus
+    Sync: each rank's part of the allreduce needs ``sync_cpu`` CPU s at its own limit, of which
+    ``overlap`` is done during its backward pass (Horovod reduces gradients as they come out), plus
     ``wake`` s per busy process on its core (run late at every ring step); the allreduce ends with
     the slowest part, and no sooner than ``network`` s after the last arrival at 4 ranks (the
     suite's; a ring moves ``2 (N - 1) / N`` of the gradients through each rank, so N ranks take
@@ -48,6 +49,7 @@ class Machine:
     cold: float = 0.0
     busy_weight: float = 1.0
     rejoin: float = 0.0
+    overlap: float = 0.0
     pass_cpu: float = 0.0
     per_token_cpu: float = 0.0
     per_square_cpu: float = 0.0

@@ -128,3 +128,22 @@ def test_simulate_writes_one_row_per_profile_with_every_strategys_rate(tmp_path)
 def test_simulate_refuses_bad_flags_with_one_line(args, says):
     out = CliRunner().invoke(simulate_command, args)
     assert isinstance(out.exception, UsageError) and says in str(out.exception)
+
+
+def test_the_simulator_needs_only_the_allocation_and_common_wings():
+    import ast
+
+    import bno_hvd.lab.sim as sim
+
+    folder = os.path.dirname(sim.__file__)
+    for name in os.listdir(folder):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(folder, name)).read())
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                mods += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                for mod in mods:
+                    top = mod.split(".")
+                    assert top[0] not in ("torch", "horovod", "mpi4py"), (name, mod)
+                    if top[0] == "bno_hvd":
+                        assert top[1] in ("allocation", "common") or mod.startswith("bno_hvd.lab.sim"), (name, mod)

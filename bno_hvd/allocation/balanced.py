@@ -224,8 +224,8 @@ class EqualFinishStrategy(Strategy):
         c = np.where(known, self.c, np.median(self.c[known]))
         # The penalty needs more updates than a fit: each rank is last in only ~1/N of them.
         self.sync_rows.update(complete_rows(metrics.sync_samples))
-        for update in sorted(self.sync_rows)[: -int(self.options["arrival_window"])]:
-            del self.sync_rows[update]
+        for old in sorted(self.sync_rows)[: -int(self.options["arrival_window"])]:
+            del self.sync_rows[old]  # (not `update`: that is this rebalance's, which the sit-outs read)
         rows = np.array(list(self.sync_rows.values())).reshape(-1, self.n_ranks)
         seen = penalties_from_rows(rows, self.sigmas)
         self.penalty = np.where(np.isfinite(seen), seen, self.penalty)  # never last: keep the estimate

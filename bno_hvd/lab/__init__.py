@@ -18,4 +18,5 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
 - :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures
+- :mod:`.sim` - a simulator of the update for allocation policies (``bno-hvd simulate``)
 """

@@ -20,7 +20,8 @@ def run(strategy, rebalances, hidden, shares, sizes=None, every=10, window=20, u
     together, so an update lasts the slowest compute plus the allreduce; a rank that sits out
     reports nothing of it. ``shares``: each rank's CPU per wall second; ``until``: the rebalance
     from which the hidden cost is gone (the busy processes left); ``limits(k)``: the CPU limits
-    each rank reports at rebalance k. Returns splits and notes."""
+    each rank reports at rebalance k; ``hidden`` and ``shares`` may be functions of k too.
+    Returns splits and notes."""
     per_sample = 0.5 * MS
     rng = np.random.default_rng(0)
     sizes = list(sizes or [32] * 4)
@@ -30,7 +31,8 @@ def run(strategy, rebalances, hidden, shares, sizes=None, every=10, window=20, u
         for u in range(every * k, every * (k + 1)):
             inside = [i for i in range(4) if sizes[i] > 0]
             compute = {i: (MS + per_sample * sizes[i]) * (1 + 0.02 * rng.standard_normal()) for i in inside}
-            extra = 0.0 if until is not None and k >= until else sum(hidden[i] for i in inside)
+            now = hidden(k) if callable(hidden) else hidden
+            extra = 0.0 if until is not None and k >= until else sum(now[i] for i in inside)
             allreduce = (8 * MS + extra) * (1 + 0.02 * rng.standard_normal())
             end = max(compute.values()) + allreduce
             for i in inside:
@@ -44,7 +46,7 @@ def run(strategy, rebalances, hidden, shares, sizes=None, every=10, window=20, u
             compute_samples=[list(s) for s in steps],
             sync_samples=[list(s) for s in syncs],
             cycle_samples=[list(s) for s in cycles],
-            cpu_share=list(shares),
+            cpu_share=list(shares(k) if callable(shares) else shares),
             cpu_limit=limits(k),
         )
         sizes = strategy.rebalance(metrics, sizes, every * (k + 1))
@@ -164,3 +166,22 @@ def test_a_rank_is_tried_out_only_from_the_fits_split():
     history, notes = run(sitting_out(), 3, HIDDEN, STARVED, sizes=[50, 30, 30, 18])
     assert min(history[1]) >= 30 and notes[0] is None, (history, notes)  # the fit's ~32 each
     assert history[2] == [43, 43, 42, 0] and notes[1].startswith("rank 3 is tried out"), (history, notes)
+
+
+def test_a_trial_after_many_updates_is_measured_against_the_interval_just_before():
+    # 260 updates: the busy processes reach rank 3's core at update 100, after balanced has kept
+    # more than arrival_window (64) updates of sync rows. The trial must be measured against the
+    # last interval (every update ~105 ms), not the whole window: before the fix, dropping the
+    # old rows rebound the rebalance's `update`, the trial's baseline mixed the quiet interval
+    # before (~25 ms) into a median of 65 ms with a large spread, the trial "failed" and rank 3
+    # came back at 105 ms per update for four intervals
+    quiet = [0.33, 0.33, 0.32, 0.3]
+    history, notes = run(
+        sitting_out(), 26, lambda k: HIDDEN if k >= 10 else [0.0] * 4, lambda k: STARVED if k >= 10 else quiet
+    )
+    assert all(h == [32] * 4 for h in history[:11]), history
+    assert notes[10].startswith("rank 3 is tried out") and notes[11].startswith("rank 3 sits out: measured"), notes
+    without, with_ = (float(x) for x in re.findall(r"(\d+) ms", notes[11]))
+    assert without < 40 and 95 < with_ < 120, notes[11]  # the baseline is the interval with the busy processes
+    out = [k for k, h in enumerate(history) if h[3] == 0]
+    assert out == [11, 12, 13, 14, 15] + list(range(17, 26)), (out, history)  # back only to be measured again

@@ -1,0 +1,149 @@
+"""The simulator of the update (bno_hvd.lab.sim): CFS arithmetic with hand-computed cases, the
+metrics a strategy gets, the REAL suite's profiles as bench runs them, and ``bno-hvd simulate``."""
+
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bno_hvd.cli.simulate import simulate as simulate_command
+from bno_hvd.common.errors import UsageError
+from bno_hvd.lab import profiles as real_profiles
+from bno_hvd.lab.sim.calibration import step_noise
+from bno_hvd.lab.sim.cfs import Quota
+from bno_hvd.lab.sim.engine import Windows, simulate
+from bno_hvd.lab.sim.machine import Machine, SimProfile
+from bno_hvd.lab.sim.realsuite import BY_NAME, REAL
+
+MS = 1e-3
+
+
+def quota(limit, period=10 * MS, phase=0.0, share=1.0, cold=0.0):
+    return Quota([limit], [period], [phase], [share], cold)
+
+
+def test_a_phase_under_a_quota_runs_in_whole_periods():
+    # 0.25 of a core, 10 ms periods: 2.5 ms of CPU per period, at full speed from each period's start
+    q = quota(0.25)
+    assert q.run(np.zeros(1), np.array([2 * MS]))[0] == pytest.approx(2 * MS)  # within the budget
+    assert q.budget[0] == pytest.approx(0.5 * MS)
+    # 6 ms more: 0.5 now, 2.5 in the next period, 2.5 in the one after, 0.5 in the fourth
+    assert q.run(np.array([2 * MS]), np.array([6 * MS]))[0] == pytest.approx(30.5 * MS)
+    # from a fresh budget: 2.5 + 2.5 + 1 ms (21 ms); losing 0.5 ms each time it resumes: 2.5 + 2 + 1.5
+    assert quota(0.25).run(np.zeros(1), np.array([6 * MS]))[0] == pytest.approx(21 * MS)
+    assert quota(0.25, cold=0.5 * MS).run(np.zeros(1), np.array([6 * MS]))[0] == pytest.approx(22 * MS)
+    # no limit: a share of a core stretches the phase
+    assert quota(np.inf, share=0.25).run(np.zeros(1), np.array([6 * MS]))[0] == pytest.approx(24 * MS)
+
+
+def test_a_wait_that_spins_spends_the_budget_and_one_that_sleeps_does_not():
+    q = quota(0.25)
+    mask = np.ones(1, bool)
+    assert q.spin(np.zeros(1), np.array([5 * MS]), 0.0, mask)[0] == 0 and np.isinf(q.index[0])
+    assert q.spin(np.zeros(1), np.array([5 * MS]), 1.0, mask)[0] == pytest.approx(5 * MS)
+    assert q.budget[0] == 0  # the allreduce that follows starts throttled
+    assert q.run(np.array([5 * MS]), np.array([1 * MS]))[0] == pytest.approx(11 * MS)
+
+
+def test_the_metrics_are_what_a_real_job_reports():
+    w = Windows(3, window=4, updates=10)
+    for u in range(6):
+        inside = np.array([True, True, u < 3])  # rank 2 sits out from update 3
+        w.add(u, inside, [np.array([5, 6, 7]), np.full(3, 0.1), np.full(3, 0.02), np.full(3, 0.004)]
+              + [np.full(3, 0.05), np.full(3, 0.12), np.full(3, 0.1)])  # fmt: skip
+    m = w.metrics(6, np.array([0.4, np.inf, 0.2]), [0, 8, 0])
+    assert m.compute_samples[0] == [(5, 0.1)] * 4 and m.compute_samples[2] == [(7, 0.1)] * 3  # window 4
+    assert [u for u, _ in m.sync_samples[0]] == [2, 3, 4, 5] and [u for u, _ in m.sync_samples[2]] == [0, 1, 2]
+    assert m.ops[1] == pytest.approx(60) and m.max_batch == [None, 8, None]
+    # a limit is reported where the rank used at least half of it (0.05 / 0.12 = 0.42 >= 0.2, not >= 0.4 * 2)
+    assert m.cpu_limit == [0.4, None, 0.2] and m.cpu_share[0] == pytest.approx(0.5)
+    w.forget(np.array([False, False, True]))
+    assert w.metrics(6, np.array([0.4, np.inf, 0.2]), [0] * 3).compute_samples[2] == []
+
+
+def test_equal_ranks_split_equally_and_the_update_is_compute_and_the_allreduce():
+    machine = replace(Machine.load(), noise=(0.0,), spin=0.0, ring_spin=0.0, cold=0.0)
+    profile = SimProfile("free", [np.inf] * 2, global_batch=64)
+    run = simulate(profile, machine, "balanced", 40)
+    assert all(s == [32, 32] for s in run.splits)
+    compute = machine.fixed_cpu + 32 * machine.per_sample_cpu
+    early = machine.overlap * machine.sync_cpu  # reduced during the backward pass
+    expected = compute + early + max(machine.sync_cpu - early, machine.network / 1.5)  # the slowest part, or the wire
+    assert run.seconds[:9] == pytest.approx(np.full(9, expected))  # no rebalance in them
+    # a rank at 0 samples sits out: nothing measured, and the other has no allreduce to wait for
+    out = simulate(profile, machine, [64, 0], 20)
+    assert out.ranks["local"][1] == 0 and out.seconds[0] == pytest.approx(
+        machine.fixed_cpu + 64 * machine.per_sample_cpu
+    )
+
+
+def test_the_real_suite_profiles_are_lab_profiles_as_bench_runs_them():
+    for p in REAL:
+        real = real_profiles.BY_NAME[p.name]
+        limits = real.outside or (tuple(real.flags[1].split(",")) if real.flags else None)
+        if limits:
+            assert p.limits == [float(x) for x in limits] and p.period_ms == real.period_ms
+        assert BY_NAME[p.name].hand_split() == real_profiles.hand_split(real), p.name
+        changes = real_profiles.scaled_schedule(real, 180, 20)[1:]
+        assert [u for u, _, _ in p.schedule] == [u for u, _ in changes]
+        assert [lim for _, lim, _ in p.schedule] == [list(q) for _, q in changes]
+        assert sum(p.busy) == real.competing
+
+
+def test_step_noise_is_read_from_the_recorded_updates(tmp_path):
+    d = tmp_path / "competing-process"
+    d.mkdir()
+    lines = [
+        {"update": u, "batch_sizes": [32] * 4, "compute_time": 0.1 * (1.2 if u % 5 == 0 else 1.0)} for u in range(40)
+    ]
+    (d / "balanced-updates.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    q = step_noise([str(tmp_path)], quantiles=5)
+    assert q[:4] == [0.0] * 4 and q[4] == pytest.approx(0.2)  # one update in five was 20% slower
+
+
+def test_simulate_writes_one_row_per_profile_with_every_strategys_rate(tmp_path):
+    out = CliRunner().invoke(
+        simulate_command,
+        ["--profiles", "3", "--seed", "5", "--strategies", "equal,balanced,fixed", "--out", str(tmp_path)],
+    )
+    assert out.exit_code == 0, out.output
+    assert "seed 5" in out.output and "balanced" in out.output
+    rows = json.load(open(os.path.join(tmp_path, "simulate.json")))
+    assert len(rows) == 3 and all(set(r["rates"]) == {"equal", "balanced", "fixed"} for r in rows)
+    assert all(r["rates"]["balanced"] > 0 and 2 <= len(r["profile"]["limits"]) <= 64 for r in rows)
+    again = CliRunner().invoke(
+        simulate_command, ["--profiles", "3", "--seed", "5", "--strategies", "equal,balanced,fixed"]
+    )
+    assert again.output.splitlines()[:5] == out.output.splitlines()[:5]  # the seed fixes the profiles and the noise
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [(["--profiles", "0"], "--profiles must be"), (["--strategies", "equal,nope"], "unknown strategy"),
+     (["--strategies", "equal"], "at least two")],
+)  # fmt: skip
+def test_simulate_refuses_bad_flags_with_one_line(args, says):
+    out = CliRunner().invoke(simulate_command, args)
+    assert isinstance(out.exception, UsageError) and says in str(out.exception)
+
+
+def test_the_simulator_needs_only_the_allocation_and_common_wings():
+    import ast
+
+    import bno_hvd.lab.sim as sim
+
+    folder = os.path.dirname(sim.__file__)
+    for name in os.listdir(folder):
+        if name.endswith(".py"):
+            tree = ast.parse(open(os.path.join(folder, name)).read())
+            for node in ast.walk(tree):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                mods += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                for mod in mods:
+                    top = mod.split(".")
+                    assert top[0] not in ("torch", "horovod", "mpi4py"), (name, mod)
+                    if top[0] == "bno_hvd":
+                        assert top[1] in ("allocation", "common") or mod.startswith("bno_hvd.lab.sim"), (name, mod)

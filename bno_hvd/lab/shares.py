@@ -5,9 +5,9 @@ Item 4 of the suite's targets: ranks with the same limit end within ±10% of eac
 the updates (from ``FROM_UPDATE`` on, after the first rebalances) in which every rank of such a
 group that takes part is within ±10% of the group's mean share, or at most one sample from the
 others (at 5 samples, ±10% is half a sample: rounding, not noise), and names the widest split
-seen and the updates it held for::
+seen and the updates it held for, from the directory ``bno-hvd bench --suite real --out DIR`` wrote::
 
-    python -m bno_hvd.lab.shares results/suite-joint
+    python -m bno_hvd.lab.shares DIR
 """
 
 from __future__ import annotations
@@ -72,17 +72,12 @@ def profile_shares(updates: list[dict], groups: list[list[int]]) -> dict:
 
 
 def report(suite_dir: str) -> list[str]:
-    """One line per REAL profile with same-limit ranks in ``suite_dir`` (``balanced``'s updates.jsonl)."""
+    """One line per REAL profile with same-limit ranks in ``suite_dir`` (``PROFILE/runs/balanced/updates.jsonl``)."""
     lines = []
     for name in sorted(os.listdir(suite_dir)):
-        # the run's own log, or the copy kept in results/ (runs/ is not committed)
-        paths = [
-            os.path.join(suite_dir, name, *p)
-            for p in (("runs", "balanced", "updates.jsonl"), ("balanced-updates.jsonl",))
-        ]
-        path = next((p for p in paths if os.path.exists(p)), None)
+        path = os.path.join(suite_dir, name, "runs", "balanced", "updates.jsonl")
         groups = same_limit_groups(BY_NAME[name]) if name in BY_NAME else []
-        if not groups or path is None:
+        if not groups or not os.path.exists(path):
             continue
         with open(path) as fh:
             s = profile_shares([json.loads(line) for line in fh if line.strip()], groups)

@@ -6,6 +6,13 @@ from bno_hvd.lab.profiles import BY_NAME
 from bno_hvd.lab.shares import even, report, same_limit_groups
 
 
+def balanced_log(suite_dir, profile):
+    """Where a suite's run of ``balanced`` under ``profile`` writes its updates."""
+    runs = suite_dir / profile / "runs" / "balanced"
+    runs.mkdir(parents=True)
+    return runs / "updates.jsonl"
+
+
 def test_groups_are_the_ranks_at_one_limit_in_every_phase():
     assert same_limit_groups(BY_NAME["quota-own-10ms"]) == [[0, 1, 2]]  # bno-hvd's own --cpu-quota
     assert same_limit_groups(BY_NAME["outside-two-slow-20ms"]) == [[0, 1], [2, 3]]
@@ -25,12 +32,11 @@ def test_one_sample_apart_is_rounding_and_a_rank_that_sits_out_is_not_counted():
 
 def test_report_counts_even_updates_and_names_the_widest_split(tmp_path):
     splits = [[32] * 4] * 20 + [[42, 43, 42, 1]] * 20 + [[47, 32, 47, 2]] * 40 + [[43, 42, 43, 0]] * 100
-    (tmp_path / "outside-100ms").mkdir()
-    with open(tmp_path / "outside-100ms" / "balanced-updates.jsonl", "w") as fh:
+    with open(balanced_log(tmp_path, "outside-100ms"), "w") as fh:
         for update, sizes in enumerate(splits):
             fh.write(json.dumps({"update": update, "batch_sizes": sizes}) + "\n")
-    (tmp_path / "competing-process").mkdir()  # no same-limit ranks: no line
-    (tmp_path / "competing-process" / "balanced-updates.jsonl").write_text("")
+    balanced_log(tmp_path, "competing-process").write_text("")  # no same-limit ranks: no line
+    (tmp_path / "quota-own-10ms").mkdir()  # same-limit ranks, but no balanced run: no line
     assert report(str(tmp_path)) == [
         "outside-100ms (REAL): ranks [[0, 1, 2]] at one limit: within ±10% in 120/160 updates; "
         "widest 1.47: [47, 32, 47, 2] (40 updates from 40 to 79)"
@@ -38,9 +44,8 @@ def test_report_counts_even_updates_and_names_the_widest_split(tmp_path):
 
 
 def test_a_split_is_counted_once_per_update_with_two_groups(tmp_path):
-    (tmp_path / "outside-two-slow-20ms").mkdir()
     splits = [[59, 60, 5, 4]] * 20 + [[58, 58, 5, 7]] * 30 + [[60, 58, 5, 5]] * 10
-    with open(tmp_path / "outside-two-slow-20ms" / "balanced-updates.jsonl", "w") as fh:
+    with open(balanced_log(tmp_path, "outside-two-slow-20ms"), "w") as fh:
         for update, sizes in enumerate(splits):
             fh.write(json.dumps({"update": update, "batch_sizes": sizes}) + "\n")
     assert report(str(tmp_path)) == [

@@ -7,6 +7,9 @@ import tempfile
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 from support.jobs import FASHION_DIR
+from support.tiers import pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown  # noqa: F401
+
+pytest_plugins = ["pytester"]  # test_layout.py runs a small session to see that the tiers hold
 
 # Hypothesis keeps its caches (and an example database, which the fuzz tests turn off) in
 # .hypothesis/ of the working directory: keep them out of the checkout.

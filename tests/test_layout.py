@@ -196,8 +196,9 @@ def test_the_complexity_limit_is_part_of_the_lint():
 def test_tests_mirror_the_wings():
     tests = os.path.join(ROOT, "tests")
     folders = {d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)) and d != "__pycache__"}
-    # besides the wings: helpers (support/) and the documentation's own tests (docs/: the site builds)
-    assert folders == set(MAY_IMPORT) - {"common"} | {"support", "docs"}, folders
+    # besides the wings: helpers (support/), data files (fixtures/) and the documentation's own tests
+    # (docs/: the site builds)
+    assert folders == set(MAY_IMPORT) - {"common"} | {"support", "fixtures", "docs"}, folders
     loose = [f for f in os.listdir(tests) if f.endswith(".py") and f not in ("conftest.py", "test_layout.py")]
     assert not loose, f"helpers belong in tests/support/, tests in a wing's folder: {loose}"
 
@@ -209,3 +210,38 @@ def test_the_public_imports_users_write_keep_working():
     from bno_hvd.data import torchvision_root  # noqa: F401
 
     assert all(getattr(bno_hvd, name) is not None for name in bno_hvd.__all__ if name != "__version__")
+
+
+def test_the_tiers_are_the_registered_markers_and_launch_test_fast_runs_the_rest():
+    import configparser
+
+    from support.tiers import FAST, TIERS
+
+    pytest_cfg = configparser.ConfigParser()
+    pytest_cfg.read(os.path.join(ROOT, "setup.cfg"))
+    markers = [line.split(":")[0] for line in pytest_cfg["tool:pytest"]["markers"].strip().splitlines()]
+    assert tuple(markers) == TIERS and "--strict-markers" in pytest_cfg["tool:pytest"]["addopts"]
+    assert f'-m "{FAST}"' in open(os.path.join(ROOT, "launch", "test")).read()
+
+
+def test_an_unmarked_test_that_starts_a_process_fails_even_if_it_catches_the_error(pytester):
+    pytester.makepyfile(
+        """
+        import os, subprocess
+
+        def test_runs_a_process():
+            subprocess.run(["true"])
+
+        def test_hides_it():
+            try:
+                os.system("true")
+            except Exception:
+                pass
+
+        def test_pure():
+            assert os.getpid() > 0
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "support.tiers", "-q")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*started a process (system: true) without a tier marker: mark this test*"])

@@ -152,6 +152,7 @@ def generate(n, seed=0):
     return f'{{"ops": {json.dumps(ops)}, "memory_used": {json.dumps(memory)}, "latency": [{rows}]}}'
 
 
+@pytest.mark.slow
 def test_4096_rank_file_runs_bno_and_balanced(tmp_path):
     n, b = 4096, 32
     path = write(tmp_path, None, raw=generate(n))

@@ -265,6 +265,7 @@ def test_unreadable_metrics_file(tmp_path):
 # -- the same through real processes --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_real_processes_print_one_line(tmp_path):
     proc = run_cli(*DRY, "--strategy", "fixed", "--batch-sizes", "5,11,3")
     assert_user_error(proc.returncode, proc.stdout, proc.stderr, "3 entries but the job has 4 ranks")
@@ -276,65 +277,37 @@ def test_real_processes_print_one_line(tmp_path):
     assert_user_error(proc.returncode, proc.stdout, proc.stderr, "ops[1] is inf")
 
 
-def rank_error_lines(proc):
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if "bno-hvd: error:" in line]
-
-
-def test_horovodrun_bad_value_gives_one_message_and_no_traceback():
-    proc = horovodrun(
-        4,
-        bno_cmd(
-            "train",
-            "--dataset",
-            "synthetic",
-            "--strategy",
-            "fixed",
-            "--batch-sizes",
-            "5,11,3",
-            "--updates",
-            "5",
-            "--no-progress",
-            "--no-eval",
-            "--latency-interval",
-            "0",
-        ),
-        timeout=120,
-    )
+def horovodrun_train(*flags):
+    """``bno-hvd train`` on 4 ranks under real horovodrun that must fail: the process."""
+    common = ("--dataset", "synthetic", "--no-progress", "--no-eval", "--latency-interval", "0")
+    proc = horovodrun(4, bno_cmd("train", *common, *flags), timeout=120)
     assert proc.returncode != 0
-    lines = rank_error_lines(proc)
-    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "--batch-sizes has 3 entries but the job has 4 ranks" in lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
+    return proc
 
 
+def one_error_line(proc):
+    """The one ``bno-hvd: error:`` line of the whole job (rank 0's; no other rank prints one)."""
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "bno-hvd: error:" in line]
+    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.mpi
+def test_horovodrun_bad_value_gives_one_message_and_no_traceback():
+    proc = horovodrun_train("--strategy", "fixed", "--batch-sizes", "5,11,3", "--updates", "5")
+    assert "--batch-sizes has 3 entries but the job has 4 ranks" in one_error_line(proc)
+
+
+@pytest.mark.mpi
 def test_horovodrun_damaged_checkpoint_ends_every_rank(tmp_path):
     # rank 0 alone reads the checkpoint: its error must reach the other ranks (no hang)
     ckpt = tmp_path / "ck"
     ckpt.mkdir()
     (ckpt / "ckpt-00000010.pt").write_bytes(b"not a torch file")
-    proc = horovodrun(
-        4,
-        bno_cmd(
-            "train",
-            "--dataset",
-            "synthetic",
-            "--updates",
-            "20",
-            "--no-progress",
-            "--no-eval",
-            "--latency-interval",
-            "0",
-            "--checkpoint-dir",
-            str(ckpt),
-            "--resume",
-        ),
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    lines = rank_error_lines(proc)
-    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ckpt-00000010.pt cannot be read" in lines[0] and "remove it" in lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr
+    proc = horovodrun_train("--updates", "20", "--checkpoint-dir", str(ckpt), "--resume")
+    line = one_error_line(proc)
+    assert "ckpt-00000010.pt cannot be read" in line and "remove it" in line
 
 
 @pytest.mark.parametrize(

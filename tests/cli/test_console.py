@@ -68,6 +68,7 @@ def test_pieces_of_one_line_are_joined_per_rank_and_stream():
 # --- the filter on real horovodrun output ---------------------------------------------------
 
 
+@pytest.mark.mpi
 def test_every_rank_printing_reaches_the_user_once():
     proc = horovodrun_merged(
         3, python_cmd(os.path.join(ROOT, "tests", "support", "mpi_scripts", "every_rank_prints.py"))
@@ -91,6 +92,7 @@ def training_output():
     return proc.stdout
 
 
+@pytest.mark.mpi
 def test_training_output_without_a_terminal(training_output):
     assert PROGRESS_EVENT in training_output and "[1,0]<stderr>:" in training_output
     out, err = filtered(training_output)
@@ -106,6 +108,7 @@ def test_training_output_without_a_terminal(training_output):
     assert 2 <= len(progress) <= 11 and "30/30" in progress[-1]  # a line every ~10% and the last
 
 
+@pytest.mark.mpi
 def test_training_progress_on_a_terminal_is_a_bar(training_output):
     _, err = filtered(training_output, err_tty=True)
     assert "\r" in err and "30/30" in err and "100%|" in err  # tqdm redraws one line
@@ -134,6 +137,7 @@ def run_under_terminal(args, timeout=300):
     return proc.wait(timeout=timeout), shown.decode(errors="replace")
 
 
+@pytest.mark.mpi
 def test_console_draws_a_bar_on_a_terminal_and_keeps_exit_code_0():
     code, shown = run_under_terminal(
         bno_cmd("console", "--", HOROVODRUN, "-np", "2", "-H", "localhost:2", "--mpi", *bno_cmd(*TRAIN.split()))
@@ -143,6 +147,7 @@ def test_console_draws_a_bar_on_a_terminal_and_keeps_exit_code_0():
     assert not TAG.search(shown) and PROGRESS_EVENT not in shown
 
 
+@pytest.mark.mpi
 def test_console_keeps_a_failed_jobs_exit_code_and_says_why(tmp_path):
     args = [*TRAIN.split(), "--no-progress", "--inject-fault", "kill:1:7"]  # rank 1 SIGKILLs itself
     proc = subprocess.run(
@@ -163,6 +168,7 @@ def test_console_keeps_a_failed_jobs_exit_code_and_says_why(tmp_path):
     assert not TAG.search(proc.stdout + proc.stderr.replace(raw, ""))
 
 
+@pytest.mark.slow
 def test_console_without_a_command_is_one_line():
     proc = subprocess.run(bno_cmd("console"), capture_output=True, text=True, env=mpi_env(), cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.startswith("bno-hvd: error:") and "Traceback" not in proc.stderr

@@ -72,6 +72,7 @@ def test_cli_refuses_in_one_line(args, words, tmp_path):
     assert words in stderr, stderr
 
 
+@pytest.mark.slow
 def test_numbers_out_of_range_leave_stderr_one_line_in_a_real_process(tmp_path):
     # the 1e308 metrics file: numpy printed overflow warnings above an allocation of infinities
     proc = run_cli("allocate", "--metrics", metrics_path(tmp_path, metrics_file(ops=[1e308, 1e308])["content"]))
@@ -106,6 +107,7 @@ def same_outcome_in_a_subprocess(args: list[str], fixture_dir) -> None:
         assert proc.stderr.strip() == inner.stderr.strip()
 
 
+@pytest.mark.slow
 @FEW
 @given(inp=fcli.train_inputs.filter(safe_to_import))
 def test_train_dry_run_as_a_subprocess(inp, fixture_modules):
@@ -116,6 +118,7 @@ def test_train_dry_run_as_a_subprocess(inp, fixture_modules):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.slow
 @FEW
 @given(metrics=fs.metrics_files(sparse=False), hosts=fs.hostfiles)
 def test_allocate_and_check_hostfile_as_subprocesses(metrics, hosts, fixture_modules):
@@ -147,6 +150,7 @@ def assert_every_rank_ended_with_one_line(proc, expected: str | None = None) -> 
         assert lines[0].strip() == expected.strip(), (lines[0], expected)
 
 
+@pytest.mark.mpi
 @settings(FEW, max_examples=1)
 @given(inp=fcli.mpirun_train_inputs.filter(safe_to_import))
 def test_refused_flags_end_every_rank_under_mpirun(inp, fixture_modules):
@@ -165,6 +169,7 @@ def test_refused_flags_end_every_rank_under_mpirun(inp, fixture_modules):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.mpi
 @settings(FEW, max_examples=1)
 @given(inp=ft.checkpoint_dirs.filter(lambda d: any(re.fullmatch(r"ckpt-\d{8}\.pt", n) for n, _ in d["files"])))
 def test_foreign_checkpoint_ends_every_rank_under_mpirun(inp, fixture_modules):

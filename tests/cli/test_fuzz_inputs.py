@@ -35,7 +35,12 @@ from support.fuzz_trees import safe_to_import
 from bno_hvd.common.errors import UsageError
 
 
-@pytest.mark.parametrize("surface", SURFACES, ids=[s.name for s in SURFACES])
+def tier(surface):
+    """launch/slurm-job is a bash script: its surface starts a process (setup.cfg's markers)."""
+    return pytest.mark.slow if surface == "slurm-job" else ()
+
+
+@pytest.mark.parametrize("surface", [pytest.param(s, id=s.name, marks=tier(s.name)) for s in SURFACES])
 def test_fuzz_surface(surface, tmp_path_factory, fixture_modules):
     if surface.todo:
         pytest.skip(surface.todo)
@@ -252,7 +257,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("surface, inp, words", [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+@pytest.mark.parametrize("surface, inp, words", [pytest.param(*r[1:], id=r[0], marks=tier(r[1])) for r in REFUSED])
 def test_escape_found_is_refused_in_one_line(surface, inp, words, tmp_path, fixture_modules):
     inp = inp() if callable(inp) else inp
     messages = []
@@ -295,6 +300,10 @@ def test_escapes_found_with_a_valid_answer(tmp_path, fixture_modules):
     run = BY_NAME["launcher-env"].run
     assert result_or_one_line(lambda: run({"OMPI_COMM_WORLD_RANK": "1" * 5000, "PMI_RANK": "3"}, tmp_path))[0] == 3
     assert result_or_one_line(lambda: run({"OMPI_COMM_WORLD_LOCAL_SIZE": "\u00b2"}, tmp_path))[1] is None
+
+
+@pytest.mark.slow
+def test_a_slurm_task_count_with_a_leading_zero_is_decimal(tmp_path):
     # slurm-job: a task count with a leading zero was octal to bash ("value too great for base")
     job = {"env": {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "08"}, "args": ["--updates", "3"]}
     assert result_or_one_line(lambda: BY_NAME["slurm-job"].run(job, tmp_path)) == 8

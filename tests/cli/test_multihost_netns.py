@@ -17,6 +17,8 @@ import pytest
 from support.jobs import ROOT, assert_ok, bno_cmd, mpi_env, run_cli
 from support.netns import NetnsCluster, NetnsError, unavailable_reason
 
+pytestmark = [pytest.mark.mpi, pytest.mark.root]
+
 AGENT = os.path.join(ROOT, "launch", "netns-agent")
 PROBE_BYTES = 262144  # 2 x 256 KiB per round trip: a rate limit shows, jitter does not
 RATE = "50mbit"  # -> >= 84 ms per round trip across the limited link

@@ -6,6 +6,8 @@ import json
 import pytest
 from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("np_", [1, 4])
 def test_probe_then_allocate(np_, tmp_path):

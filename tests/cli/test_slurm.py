@@ -16,6 +16,8 @@ import pytest
 from support.jobs import ROOT
 from support.slurm_cluster import SlurmCluster, SlurmError, unavailable_reason
 
+pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
+
 BATCH = os.path.join(ROOT, "launch", "slurm.sbatch")
 HETJOB = os.path.join(ROOT, "launch", "slurm-hetjob.sbatch")
 SHORT_RUN = ["--dataset", "synthetic", "--updates", "20", "--base-batch-size", "8", "--latency-interval", "0"]

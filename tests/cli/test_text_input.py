@@ -7,6 +7,8 @@ import json
 import pytest
 from support.jobs import bno_cmd, mpirun
 
+pytestmark = pytest.mark.mpi
+
 RUN = ["train", "--dataset", "text", "--model", "gpt-mini", "--max-seq-len", "16", "--vocab-size", "300"]
 RUN += ["--updates", "3", "--base-batch-size", "2", "--no-progress", "--latency-interval", "0"]
 LINES = [f"document number {i} says {'hello ' * (i % 5)}" for i in range(40)]

@@ -4,12 +4,15 @@ import csv
 import dataclasses
 import json
 
+import pytest
 from support.checks import PNG_MAGIC, assert_png_drawing
 from support.jobs import assert_ok, bno_cmd, horovodrun
 
 from bno_hvd.lab.logread import read_steps
 from bno_hvd.lab.stalls import find_stalls, format_stalls
 from bno_hvd.training.results import UpdateRecord
+
+pytestmark = pytest.mark.mpi
 
 
 def test_bench_writes_table_json_csv_png(tmp_path):

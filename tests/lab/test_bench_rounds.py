@@ -18,6 +18,7 @@ def read_updates(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.mpi
 @needs_cgroups
 def test_rounds_interleave_the_strategies_and_pair_them_per_round(tmp_path):
     before = our_cgroups()
@@ -59,12 +60,14 @@ def test_rounds_interleave_the_strategies_and_pair_them_per_round(tmp_path):
     assert rows["fixed"]["final_batch_sizes"] == [40, 40, 40, 8]
 
 
+@pytest.mark.slow
 def test_rounds_need_blocks_of_two_updates():
     proc = run_cli("bench", "--updates", "10", "--warmup", "4", "--rounds", "4")
     assert proc.returncode == 2 and "each round needs a block of at least 2 updates" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_suite_runs_outside_mpirun_and_needs_an_output_directory(tmp_path):
     proc = run_cli("bench", "--suite", "real")
     assert proc.returncode == 2 and "--suite needs --out DIR" in proc.stderr
@@ -95,6 +98,7 @@ def test_a_quota_schedule_keeps_its_place_among_the_timed_updates(tmp_path):
     assert [(e["update"], e["quotas"][3]) for e in written] == [(0, 0.45), (60, 0.12), (140, 0.45)]
 
 
+@pytest.mark.mpi
 @needs_cgroups
 def test_a_profile_with_limits_set_outside(tmp_path):
     # ranks started inside cgroups made by the suite, as a container would: every rank reads its

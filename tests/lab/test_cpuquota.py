@@ -116,6 +116,7 @@ def compute_rate(steps) -> float:
     return sum(s.batch for s in steps) / sum(s.compute for s in steps)
 
 
+@pytest.mark.mpi
 @needs_cgroups
 def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
     before = our_cgroups()
@@ -158,6 +159,7 @@ def test_compute_rates_follow_the_quotas_and_the_cgroups_are_removed(tmp_path):
         )
 
 
+@pytest.mark.mpi
 @needs_cgroups
 def test_a_schedule_changes_the_quota_during_the_run(tmp_path):
     schedule = tmp_path / "quotas.json"
@@ -188,6 +190,7 @@ def test_a_schedule_changes_the_quota_during_the_run(tmp_path):
     assert after > before
 
 
+@pytest.mark.mpi
 @needs_cgroups
 @pytest.mark.parametrize("fault,code", [("nan-loss:1:6", 1), ("kill:2:8", None)])
 def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
@@ -229,6 +232,7 @@ def test_a_rank_reads_the_limit_of_the_cgroup_it_runs_in(tmp_path):
     assert wait_until_gone(before) == before
 
 
+@pytest.mark.mpi
 @needs_cgroups
 def test_balanced_charges_the_starved_ranks_sync_and_gives_it_less_compute(tmp_path):
     # Every rank reports its cgroup's limit and its sync phase's CPU; rank 3 at 0.1 of a core pays

@@ -152,6 +152,7 @@ def test_a_matching_job_adds_its_runs_to_the_experiment():
 # --- command-line checks, no MPI needed ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -169,6 +170,7 @@ def test_experiment_flag_errors_are_one_line(args, needle, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_on_bad_logdir_is_one_line(tmp_path):
     for target in (tmp_path / "missing", tmp_path):  # no such directory; a directory without runs
         proc = run_cli("report", str(target))
@@ -225,6 +227,7 @@ def read_csv(path):
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.mpi
 def test_experiment_writes_csv_json_and_pngs(tiny_experiment):
     out, proc = tiny_experiment
     for name in OUTPUTS:
@@ -247,6 +250,7 @@ def test_experiment_writes_csv_json_and_pngs(tiny_experiment):
     assert proc.stdout.count("test accuracy") == 2  # one line per run, rank 0 only
 
 
+@pytest.mark.mpi
 def test_experiment_summary_accuracy_and_balance(tiny_experiment):
     out, _ = tiny_experiment
     summary = json.loads((out / "summary.json").read_text())
@@ -292,6 +296,7 @@ def test_experiment_summary_accuracy_and_balance(tiny_experiment):
     assert runs["equal"]["final_batch_sizes"] == [16, 16]
 
 
+@pytest.mark.mpi
 def test_report_redraws_the_same_tables(tiny_experiment, tmp_path):
     out, _ = tiny_experiment
     copy = tmp_path / "copy"

@@ -108,6 +108,7 @@ def rank_process(root_pid, rank):
     return None
 
 
+@pytest.mark.mpi
 def test_sigkill_of_one_rank_ends_the_job_within_60_seconds(tmp_path):
     log_dir = tmp_path / "log"
     cmd = [os.path.join(VENV_BIN, "horovodrun"), "-np", "4", "-H", "localhost:4", "--mpi"] + bno_cmd(
@@ -145,6 +146,7 @@ def test_sigkill_of_one_rank_ends_the_job_within_60_seconds(tmp_path):
 # -- non-finite loss ------------------------------------------------------------------------
 
 
+@pytest.mark.mpi
 def test_nonfinite_loss_stops_with_one_message_and_keeps_good_checkpoints(tmp_path):
     ckpt, log_dir = tmp_path / "ck", tmp_path / "log"
     proc = mpirun(
@@ -192,6 +194,7 @@ def test_nonfinite_loss_stops_with_one_message_and_keeps_good_checkpoints(tmp_pa
 # -- NaN metrics and the memory cap, in one real run ----------------------------------------
 
 
+@pytest.mark.mpi
 def test_nan_metrics_keep_allocation_warn_once_and_no_pass_exceeds_the_cap(tmp_path):
     log_dir = tmp_path / "log"
     proc = mpirun(

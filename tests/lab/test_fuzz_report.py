@@ -93,6 +93,7 @@ def check_report(root: Path, rows: list[dict]) -> None:
             assert row[key] is None or 0 <= row[key] <= 1, (key, row[key])
 
 
+@pytest.mark.mpi
 def test_report_of_the_undamaged_logs(logs, tmp_path):
     root = tmp_path / "logs"
     shutil.copytree(logs, root)
@@ -102,6 +103,7 @@ def test_report_of_the_undamaged_logs(logs, tmp_path):
     assert {r["strategy"] for r in rows} == set(RUNS) and all(r["status"] == "ok" for r in rows)
 
 
+@pytest.mark.mpi
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")  # (Hypothesis, of a whole damaged file)
 def test_fuzz_report_on_damaged_logs(logs, tmp_path_factory):
     files = log_files(logs)
@@ -134,6 +136,7 @@ def test_fuzz_report_on_damaged_logs(logs, tmp_path_factory):
     assert counts["results"] > 0 and counts["refused"] > 0  # both kinds of damage were reached
 
 
+@pytest.mark.mpi
 def test_the_cli_on_damaged_logs(logs, tmp_path):
     """Through ``bno-hvd report``: exit 0, or exit 2 with one ``bno-hvd: error:`` line."""
     cases = {

@@ -4,6 +4,7 @@ samples/s, and the same perplexity for every entry (they train the same global b
 import json
 import re
 
+import pytest
 from support.jobs import assert_ok, bno_cmd, mpirun
 
 from bno_hvd.allocation import STRATEGY_NAMES
@@ -21,6 +22,7 @@ def test_entries_parse_and_bad_ones_are_refused():
             raise AssertionError(bad)
 
 
+@pytest.mark.mpi
 def test_text_bench_compares_entries_on_the_same_batches(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -2,7 +2,10 @@
 
 import re
 
+import pytest
 from support.jobs import assert_ok, horovodrun, python_cmd
+
+pytestmark = pytest.mark.mpi
 
 
 def test_custom_loop_example_runs(fashion_available):

@@ -20,6 +20,7 @@ from bno_hvd.processes.world import EXIT_WAIT_SECONDS
 SCRIPT = "tests/support/mpi_scripts/dropin_cases.py"
 
 
+@pytest.mark.mpi
 def test_gradients_are_the_global_batch_gradient_on_uneven_changing_ranks():
     proc = mpirun(4, python_cmd(SCRIPT, "grads"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -29,6 +30,7 @@ def test_gradients_are_the_global_batch_gradient_on_uneven_changing_ranks():
         assert sorted(ranks) == ["0", "1", "2", "3"], proc.stdout[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     "case,words",
     [
@@ -47,6 +49,7 @@ def test_what_cannot_be_exact_is_refused_with_one_line(case, words):
     assert "Traceback" not in text and "was not refused" not in text
 
 
+@pytest.mark.mpi
 def test_a_script_on_shared_cores_without_yield_when_idle_is_told_once():
     """MPI starts in the user's hvd.init(), before bno-hvd could set OMPI_MCA_mpi_yield_when_idle:
     for_world says so in one note (2 ranks pinned to one core, the setting dropped)."""
@@ -60,6 +63,7 @@ def test_a_script_on_shared_cores_without_yield_when_idle_is_told_once():
     assert proc.stdout.count("balancer for 50 samples, 25 of them here") == 2
 
 
+@pytest.mark.mpi
 def test_a_rank_that_ends_first_waits_for_the_others_before_horovod_finalizes_mpi():
     """The script's hvd.init() started MPI, so Horovod finalizes it, on every rank once any rank
     shuts Horovod down: rank 0 ends at once while rank 1 still uses the balancer's comm 3 s later
@@ -69,6 +73,7 @@ def test_a_rank_that_ends_first_waits_for_the_others_before_horovod_finalizes_mp
     assert "rank 1: late, 2 ranks" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.mpi
 def test_a_rank_that_dies_of_an_exception_does_not_wait_for_the_others_at_its_exit():
     """The others may be waiting for it in an allreduce: its exit must shut Horovod down at once
     (their allreduce then fails), not after the exit wait."""

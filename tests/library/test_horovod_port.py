@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, ROOT, assert_ok, horovodrun, python_cmd
@@ -59,6 +60,7 @@ def test_the_twin_differs_from_the_example_in_the_marked_lines_alone():
     assert "args.strategy" not in "\n".join(twin)
 
 
+@pytest.mark.slow
 def test_the_twin_and_the_example_keep_every_lint_and_format_rule():
     """The twin as it is; the example without its markers' texts (which run past 120 columns, the
     only rule ruff.toml waives for it)."""
@@ -71,6 +73,7 @@ def test_the_twin_and_the_example_keep_every_lint_and_format_rule():
         assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
 
 
+@pytest.mark.mpi
 def test_the_plain_horovod_twin_trains_on_4_ranks(tmp_path, fashion_available):
     """The 'before' of the port is a working Horovod script: DistributedSampler's even split."""
     data = write_fashion_subset(tmp_path / "data", FASHION_DIR, train=1024, test=256)
@@ -85,6 +88,7 @@ def test_the_plain_horovod_twin_trains_on_4_ranks(tmp_path, fashion_available):
     assert all(torch.isfinite(t).all() for t in model.values())
 
 
+@pytest.mark.mpi
 def test_the_port_on_4_uneven_ranks_equals_one_process(tmp_path, fashion_available):
     data = write_fashion_subset(tmp_path / "data", FASHION_DIR, train=4000, test=1000)
     # the same global batch (4 x 32 = 128) and learning rate (the example scales lr by hvd.size())

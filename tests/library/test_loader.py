@@ -75,6 +75,7 @@ def test_iteration_starts_at_the_next_update_to_run_not_where_prefetch_stopped()
     assert again[0] == fetched[2] and again[1] == fetched[3]
 
 
+@pytest.mark.slow
 def test_a_loader_deeper_than_the_lag_stops_with_a_message_naming_d():
     plan, stream = sampler_for(1000, [2, 2], lag=2)
     keyed = KeyedDataset(torch.utils.data.TensorDataset(torch.arange(1000)), 0, False, fast_tensors=True)
@@ -138,7 +139,10 @@ def changing(update):
     return [int(x) for x in rng.integers(1, 6, size=3)]
 
 
-@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize(
+    "workers,persistent",
+    [(0, False), pytest.param(2, False, marks=pytest.mark.slow), pytest.param(2, True, marks=pytest.mark.slow)],
+)
 def test_every_sample_once_per_epoch_with_workers_and_changing_allocations(workers, persistent):
     ranks = [run_loader(changing, r, workers, persistent, n_updates=60) for r in range(3)]
     stream = []
@@ -153,6 +157,7 @@ def test_every_sample_once_per_epoch_with_workers_and_changing_allocations(worke
     assert len({tuple(p[4]) for seen in ranks for p in seen}) > 5  # the allocation really changed
 
 
+@pytest.mark.slow
 def test_augmentation_depends_on_the_sample_and_epoch_only():
     alone = run_loader(lambda u: [12], 0, workers=0, persistent=False, n_updates=20)
     split = [run_loader(changing, r, workers=2, persistent=True, n_updates=40) for r in range(3)]

@@ -18,6 +18,8 @@ from bno_hvd.allocation.sampler import epoch_permutation
 from bno_hvd.lab.logread import read_updates
 from bno_hvd.training.results import steps_from_json
 
+pytestmark = pytest.mark.mpi
+
 # -- every sample exactly once per epoch ----------------------------------------------------------
 
 

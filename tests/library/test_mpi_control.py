@@ -5,6 +5,8 @@ import json
 import pytest
 from support.jobs import assert_ok, horovodrun, mpirun, python_cmd
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("np_", [1, 4])
 def test_weighted_allreduce_matches_closed_form(np_):

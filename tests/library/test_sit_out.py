@@ -10,9 +10,12 @@ same global batches."""
 
 import json
 
+import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import assert_ok, bno_cmd, horovodrun
+
+pytestmark = pytest.mark.mpi
 
 COMMON = ("--updates", "30", "--optimizer", "adam", "--dtype", "float64", "--lr", "0.01", "--seed", "5")
 COMMON += ("--base-batch-size", "8", "--no-eval", "--no-progress", "--latency-interval", "0")

@@ -8,6 +8,8 @@ from collections import Counter
 import pytest
 from support.jobs import ROOT, assert_ok, mpirun, python_cmd
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("mode", ["counts", "shares"])
 def test_every_sequence_once_per_epoch_through_workers(tmp_path, mode):

@@ -56,6 +56,7 @@ def test_cpu_device_and_bfloat16_autocast():
     assert out.dtype == torch.bfloat16
 
 
+@pytest.mark.mpi
 def test_mixed_precision_on_the_cpu_trains(tmp_path):
     proc = horovodrun(
         2,

@@ -11,6 +11,8 @@ from support.jobs import ROOT, bno_cmd, mpi_env
 
 from bno_hvd.cli.launching import mpirun_command
 
+pytestmark = pytest.mark.mpi
+
 NOTE = re.compile(r"rendezvous on ([\d.]+):(\d+) until every rank joined")
 
 

@@ -27,6 +27,7 @@ def churn(mode: str, env_changes=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, SCRIPT, mode], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_glibc_defaults_fault_every_step_and_kept_memory_does_not():
     plain, kept = churn("plain"), churn("keep")
     assert "set=True" in kept.stdout
@@ -35,6 +36,7 @@ def test_glibc_defaults_fault_every_step_and_kept_memory_does_not():
     assert faults(kept)[0] < 10
 
 
+@pytest.mark.mpi
 def test_every_rank_started_by_bno_hvd_keeps_freed_memory():
     proc = launching.mpirun(2, [sys.executable, SCRIPT, "world"], timeout=240, cwd=ROOT)
     per_rank = faults(proc)
@@ -55,6 +57,7 @@ def test_a_users_own_allocator_settings_are_kept(environ):
     assert user_chose(environ) and keep_freed_memory(environ) is False
 
 
+@pytest.mark.slow
 def test_a_users_trim_threshold_is_what_the_process_runs_with():
     # MALLOC_TRIM_THRESHOLD_=0: glibc gives back every free byte at the heap's top, and bno-hvd
     # leaves it so: the churn faults again although keep_freed_memory was called

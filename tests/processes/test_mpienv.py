@@ -49,6 +49,7 @@ def run_on_one_core(env_changes: dict, drop: tuple = ()) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
 
 
+@pytest.mark.mpi
 def test_plain_mpirun_without_the_setting_gets_it_on_every_rank():
     proc = run_on_one_core({}, drop=(YIELD,))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -58,6 +59,7 @@ def test_plain_mpirun_without_the_setting_gets_it_on_every_rank():
     assert len(notes) == 1 and "2 ranks share 1 core on" in notes[0], proc.stderr[-2000:]
 
 
+@pytest.mark.mpi
 def test_a_users_own_yield_setting_is_kept():
     proc = run_on_one_core({YIELD: "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -18,7 +18,10 @@ def cgroup_reason():
     return None
 
 
-needs_cgroups = pytest.mark.skipif(cgroup_reason() is not None, reason=f"no writable cgroups: {cgroup_reason()}")
+def needs_cgroups(test):
+    """A test that makes real cgroups: marked ``root`` (setup.cfg), skipped where none can be written."""
+    reason = cgroup_reason()
+    return pytest.mark.root(pytest.mark.skipif(reason is not None, reason=f"no writable cgroups: {reason}")(test))
 
 
 def our_cgroups():

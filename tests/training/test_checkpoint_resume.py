@@ -41,6 +41,7 @@ save_checkpoint(sys.argv[1], 20, {"model": torch.zeros(1 << 20), "stall": Stall(
 """
 
 
+@pytest.mark.slow
 def test_kill_during_a_write_leaves_the_previous_checkpoint_intact(tmp_path):
     directory = str(tmp_path / "ck")
     save_checkpoint(directory, 10, {"model": torch.arange(5.0)}, keep=2)
@@ -134,6 +135,7 @@ def test_update_log_drops_records_after_the_checkpoint_and_a_torn_line(tmp_path)
 RUN = ["train", "--dataset", "synthetic", "--strategy", "fixed", "--batch-sizes", "5,11,3,13", *EXACT_40]
 
 
+@pytest.mark.mpi
 def test_killed_and_resumed_run_ends_with_the_same_parameters(kill_and_resume):
     def between(r):
         assert not r.model.exists()

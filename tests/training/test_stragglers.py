@@ -76,6 +76,7 @@ def experiment(tmp_path_factory):
     return out
 
 
+@pytest.mark.mpi
 def test_experiment_draws_one_straggler_picture_per_run(experiment):
     for strategy in ("equal", "balanced"):
         assert_png_drawing(experiment / f"stragglers_cnn_{strategy}.png", colours=(BLUE, ORANGE))
@@ -86,6 +87,7 @@ def test_experiment_draws_one_straggler_picture_per_run(experiment):
         assert len(events) == 1 and events[0].stat().st_size > 0
 
 
+@pytest.mark.mpi
 def test_report_redraws_the_straggler_pictures(experiment, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(experiment, copy)

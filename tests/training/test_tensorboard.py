@@ -55,6 +55,7 @@ def run(tmp_path_factory):
     return events(root / "tb"), read_updates(root / "log"), root / "log"
 
 
+@pytest.mark.mpi
 def test_per_update_values_are_those_of_updates_jsonl(run):
     acc, records, _ = run
     assert [r["update"] for r in records] == list(range(30))
@@ -73,6 +74,7 @@ def test_per_update_values_are_those_of_updates_jsonl(run):
         assert scalars(acc, f"memory_MiB/rank_{rank}") == memory
 
 
+@pytest.mark.mpi
 def test_every_ranks_compute_and_waiting_reach_rank_0(run):
     acc, _, log_dir = run
     steps = steps_from_json(json.loads((log_dir / "ranks.json").read_text()))
@@ -96,6 +98,7 @@ def test_every_ranks_compute_and_waiting_reach_rank_0(run):
     )
 
 
+@pytest.mark.mpi
 def test_allocation_changes_and_label_as_text(run):
     acc, records, _ = run
     expected, before = [], None
@@ -110,6 +113,7 @@ def test_allocation_changes_and_label_as_text(run):
     assert step == 0 and json.loads(run_text)["strategy"] == "random" and json.loads(run_text)["ranks"] == 4
 
 
+@pytest.mark.mpi
 def test_a_killed_run_leaves_readable_events(tmp_path):
     args = "--dataset synthetic --updates 30 --base-batch-size 8 --rebalance-every 5 --no-eval --no-progress "
     args += f"--latency-interval 1 --log-dir {tmp_path / 'log'} --tensorboard {tmp_path / 'tb'} "
@@ -124,6 +128,7 @@ def test_a_killed_run_leaves_readable_events(tmp_path):
     assert sorted(scalars(acc, "compute_s/rank_1")) == list(range(9))
 
 
+@pytest.mark.slow
 def test_unwritable_tensorboard_dir_is_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

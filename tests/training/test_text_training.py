@@ -18,6 +18,8 @@ from support.resume import EXACT_40
 from bno_hvd.lab.logread import read_updates
 from bno_hvd.training.results import steps_from_json
 
+pytestmark = pytest.mark.mpi
+
 TEXT = ["train", "--dataset", "text", "--model", "gpt-mini", "--max-seq-len", "48", "--vocab-size", "512"]
 EXACT = [*TEXT, "--dtype", "float64", "--optimizer", "adam", "--lr", "0.003", "--seed", "5", "--updates", "12"]
 EXACT += ["--no-eval", "--no-progress", "--latency-interval", "0"]

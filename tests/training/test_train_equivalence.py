@@ -13,6 +13,8 @@ import torch
 from support.checks import max_relative_difference
 from support.jobs import assert_ok, bno_cmd, horovodrun
 
+pytestmark = pytest.mark.mpi
+
 
 def train_and_save(np_, batch_sizes, optimizer, dtype, path, tmp_path, updates=20, extra=()):
     args = bno_cmd(

@@ -6,6 +6,8 @@ import re
 import pytest
 from support.jobs import assert_ok, bno_cmd, horovodrun
 
+pytestmark = pytest.mark.mpi
+
 
 def accuracy_of(proc):
     m = re.search(r"test accuracy: ([0-9.]+) \((\d+)/(\d+)\)", proc.stdout)

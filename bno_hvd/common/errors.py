@@ -27,6 +27,25 @@ class UsageError(ValueError):
         self.rank = rank  # set when only this rank knows (see the module doc)
 
 
+def import_horovod():
+    """``horovod.torch``, or a :class:`UsageError` saying how to install it: Horovod is an optional
+    dependency (``pip install bno-hvd[horovod]``), as it is built against the local PyTorch and MPI."""
+    try:
+        import horovod.torch as hvd
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("horovod"):
+            raise
+        raise UsageError(
+            "Horovod is not installed: install bno-hvd[horovod] (Horovod built with PyTorch and MPI)"
+        ) from None
+    except ImportError as err:
+        raise UsageError(
+            f"Horovod cannot be used with this PyTorch ({str(err).splitlines()[0]}): "
+            "reinstall it built with HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1"
+        ) from None
+    return hvd
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. a non-finite loss); the message is one line. Raised on every rank."""
 

@@ -32,7 +32,7 @@ import torch
 
 from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even, scaled_lr
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, import_horovod
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.processes.world import one_line_errors
 
@@ -112,9 +112,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
     ``gradient_predivide_factor`` other than 1 is refused. ``lr_scaling='linear'``: when the
     strategy changes the global batch (``bno``), each step uses lr * G_t / G (G_t this update's
     global batch, G the strategy's); ``'none'``: the learning rate as set."""
-    import horovod.torch as hvd
-
     one_line_errors()
+    hvd = import_horovod()
     if not isinstance(balancer, Balancer):
         raise UsageError(f"DistributedOptimizer needs balancer=<the Balancer>, got {type(balancer).__name__}")
     if hasattr(optimizer, "synchronize"):

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from bno_hvd.common.errors import TrainingError, UsageError
+from bno_hvd.common.errors import TrainingError, UsageError, import_horovod
 from bno_hvd.processes.cpulimit import cpu_limit
 from bno_hvd.processes.gloo import close_rendezvous, init_gloo_env
 from bno_hvd.processes.heap import keep_freed_memory
@@ -114,7 +114,7 @@ def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool =
     plane always talks MPI."""
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
-    import horovod.torch as hvd
+    hvd = import_horovod()
     from mpi4py import MPI  # initialises MPI (after the environment above is final)
 
     comm = MPI.COMM_WORLD

@@ -28,6 +28,9 @@ from bno_hvd.lab.logread import read_updates
 from bno_hvd.lab.report import format_summary
 from bno_hvd.training.results import UpdateRecord, steps_from_json
 
+# the compute-balance gain under EMULATED speeds depends on speed: one test after another (tiers.py)
+pytestmark = pytest.mark.xdist_group("serial")
+
 # five updates: times 1,2,3,4,5 s back to back (so `time` is the running sum), batches 10,10,20,20,20
 RECORDS = [
     UpdateRecord(update=u, weight_update_time=float(u + 1), global_batch=b, time=t, batch_sizes=[b // 2, b // 2])

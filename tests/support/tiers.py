@@ -68,6 +68,41 @@ def is_marked(item) -> bool:
     return any(item.get_closest_marker(m) for m in TIERS)
 
 
+# --- running in parallel (launch/test: pytest-xdist, --dist loadgroup) ------------------------
+# A test file is one unit of work (its module-scoped jobs run once), except the group "serial":
+# the tests that use cgroups or Slurm, or whose outcome depends on speed (they say so with
+# pytest.mark.xdist_group("serial")), run one after another on one worker. Units start in
+# the order serial, mpi, root, slurm, slow, the rest: the longest first, the many short ones
+# fill the end.
+SERIAL = ("root", "slurm")
+
+
+def _unit_rank(item) -> int:
+    if _group(item) == "serial":
+        return 0
+    return next((1 + i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS) + 1)
+
+
+def _group(item):
+    mark = item.get_closest_marker("xdist_group")
+    return mark and (mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if _group(item) is None:
+            serial = any(item.get_closest_marker(m) for m in SERIAL)
+            item.add_marker(pytest.mark.xdist_group("serial" if serial else item.nodeid.split("::")[0]))
+    units = {}
+    for item in items:
+        units.setdefault(_group(item), []).append(item)
+    order = sorted(units.values(), key=lambda unit: min(_unit_rank(i) for i in unit))
+    items[:] = [item for unit in order for item in unit]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     return (yield from _guarded(item))

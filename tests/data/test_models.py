@@ -87,3 +87,18 @@ def test_unknown_model_lists_the_choices():
     with pytest.raises(UsageError) as err:
         build_model("resnet18x")
     assert all(name in str(err.value) for name in MODEL_NAMES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,imported", [("cnn", "False"), ("resnet18", "True")])
+def test_a_rank_imports_torchvision_only_for_a_torchvision_model(model, imported):
+    # torchvision's import costs as much CPU as torch's, in every rank of every job
+    import subprocess
+    import sys
+
+    from support.jobs import ROOT, mpi_env
+
+    check = "import sys, bno_hvd.training.components; from bno_hvd.data.models import build_model; "
+    check += f"build_model({model!r}); print('torchvision' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=mpi_env(), cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == imported, proc.stderr[-2000:]

@@ -47,3 +47,46 @@ def kill_and_resume(tmp_path):
     from support import resume
 
     return lambda run, **options: resume.kill_and_resume(tmp_path, run, **options)
+
+
+# One real 2-rank experiment (EMULATED speeds 1 and 0.5, equal and balanced, 20 updates) whose
+# outputs test_experiment.py, test_stragglers.py and test_fuzz_report.py read (copies, never the
+# original). Under pytest-xdist they share the group "serial", so it runs once.
+TINY_EXPERIMENT = [
+    "--models",
+    "cnn",
+    "--strategies",
+    "equal,balanced",
+    "--updates",
+    "20",
+    "--average-every",
+    "5",
+    "--dataset",
+    "synthetic",
+    "--base-batch-size",
+    "16",
+    "--rebalance-every",
+    "5",
+    "--eval-every",
+    "10",
+    "--target-accuracy",
+    "0.2",
+    "--emulate-speed",
+    "1,0.5",
+    "--emulate-rate",
+    "100",  # 160 / 320 ms per update: far above the CNN's own compute, also on a busy machine
+    "--latency-interval",
+    "1",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_experiment(tmp_path_factory):
+    """``(out, proc)`` of ``bno-hvd experiment TINY_EXPERIMENT --out out --tensorboard out/tb``."""
+    from support.jobs import assert_ok, bno_cmd, horovodrun
+
+    out = tmp_path_factory.mktemp("experiment")
+    args = [*TINY_EXPERIMENT, "--out", str(out), "--tensorboard", str(out / "tb")]
+    proc = horovodrun(2, bno_cmd("experiment", *args), timeout=400)
+    assert_ok(proc)
+    return out, proc

@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
+from support.jobs import assert_ok, run_cli
 
 from bno_hvd.lab.averages import (
     AVERAGE_COLUMNS,
@@ -188,41 +188,7 @@ def test_report_on_bad_logdir_is_one_line(tmp_path):
 
 # --- end to end under horovodrun ----------------------------------------------------------
 
-TINY = [
-    "--models",
-    "cnn",
-    "--strategies",
-    "equal,balanced",
-    "--updates",
-    "20",
-    "--average-every",
-    "5",
-    "--dataset",
-    "synthetic",
-    "--base-batch-size",
-    "16",
-    "--rebalance-every",
-    "5",
-    "--eval-every",
-    "10",
-    "--target-accuracy",
-    "0.2",
-    "--emulate-speed",
-    "1,0.5",
-    "--emulate-rate",
-    "100",  # 160 / 320 ms per update: far above the CNN's own compute, also on a busy machine
-    "--latency-interval",
-    "1",
-]
 OUTPUTS = ("averages.csv", "summary.csv", "summary.json", "fig_cnn.png", "summary.png", "accuracy_cnn.png")
-
-
-@pytest.fixture(scope="module")
-def tiny_experiment(tmp_path_factory):
-    out = tmp_path_factory.mktemp("experiment")
-    proc = horovodrun(2, bno_cmd("experiment", *TINY, "--out", str(out)), timeout=400)
-    assert_ok(proc)
-    return out, proc
 
 
 def read_csv(path):

@@ -1,6 +1,6 @@
 """``bno-hvd report LOGDIR`` on damaged logs, fuzzed (a surface the first long fuzz run did not cover).
 
-The logs are those of a real experiment (2 ranks under horovodrun, written once per module). Each
+The logs are those of a real experiment (2 ranks under horovodrun, shared: conftest.py). Each
 example damages one or two of its files the way a disk, an editor or another program might: a
 JSON value replaced or removed, a file cut short or spliced with odd bytes, a line of
 ``updates.jsonl`` changed, a file deleted. The property (fuzz_property.py): the report is written,
@@ -22,23 +22,20 @@ from hypothesis import strategies as st
 from support import fuzz_strategies as fs
 from support.fuzz_property import cli_result, result_or_one_line
 from support.fuzz_surfaces import CI_EXAMPLES
-from support.jobs import assert_ok, bno_cmd, horovodrun
 
 from bno_hvd.lab.averages import SUMMARY_COLUMNS
 from bno_hvd.lab.report import write_experiment_report
+
+# reads the experiment shared with test_experiment.py (conftest.py): its group, so it runs once
+pytestmark = pytest.mark.xdist_group("serial")
 
 RUNS = ("equal", "balanced")
 EXAMPLES = int(os.environ.get("BNO_FUZZ_REPORT_EXAMPLES", CI_EXAMPLES // 3))  # each writes CSVs and PNGs
 
 
 @pytest.fixture(scope="module")
-def logs(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("experiment")
-    args = "--models cnn --strategies equal,balanced --updates 8 --average-every 4 --dataset synthetic "
-    args += "--base-batch-size 8 --rebalance-every 4 --eval-every 4 --target-accuracy 0.2 "
-    args += f"--emulate-speed 1,0.5 --emulate-rate 400 --latency-interval 1 --no-progress --out {out}"
-    assert_ok(horovodrun(2, bno_cmd("experiment", *args.split()), timeout=300))
-    return out
+def logs(tiny_experiment) -> Path:
+    return tiny_experiment[0]  # conftest.py: shared with test_experiment.py and test_stragglers.py
 
 
 def log_files(root: Path) -> dict[str, bytes]:

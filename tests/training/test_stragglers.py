@@ -7,11 +7,14 @@ import shutil
 import numpy as np
 import pytest
 from support.checks import assert_png_drawing
-from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
+from support.jobs import assert_ok, run_cli
 
 from bno_hvd.lab.plots import plot_stragglers
 from bno_hvd.library.timing import RankStep
 from bno_hvd.training.stragglers import block_means, straggler_timeline, waited_seconds
+
+# reads the experiment shared with test_experiment.py (conftest.py): its group, so it runs once
+pytestmark = pytest.mark.xdist_group("serial")
 
 BLUE, ORANGE = (0.122, 0.467, 0.706), (1.0, 0.498, 0.055)  # compute, waited (matplotlib tab:blue, tab:orange)
 
@@ -66,14 +69,8 @@ def test_picture_of_hand_made_steps(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory):
-    out = tmp_path_factory.mktemp("experiment")
-    args = "--models cnn --strategies equal,balanced --updates 16 --average-every 4 --dataset synthetic "
-    args += "--base-batch-size 8 --rebalance-every 4 --emulate-speed 1,0.5 --emulate-rate 400 --no-eval "
-    args += f"--latency-interval 1 --no-progress --out {out} --tensorboard {out / 'tb'}"
-    proc = horovodrun(2, bno_cmd("experiment", *args.split()), timeout=400)
-    assert_ok(proc)
-    return out
+def experiment(tiny_experiment):
+    return tiny_experiment[0]  # conftest.py: shared with test_experiment.py and test_fuzz_report.py
 
 
 @pytest.mark.mpi
@@ -81,7 +78,7 @@ def test_experiment_draws_one_straggler_picture_per_run(experiment):
     for strategy in ("equal", "balanced"):
         assert_png_drawing(experiment / f"stragglers_cnn_{strategy}.png", colours=(BLUE, ORANGE))
         ranks = json.loads((experiment / "runs" / "cnn" / strategy / "ranks.json").read_text())["ranks"]
-        assert [len(r["sync"]) for r in ranks] == [16, 16]
+        assert [len(r["sync"]) for r in ranks] == [20, 20]  # one per update
         # one TensorBoard directory per run (model/strategy)
         events = list((experiment / "tb" / "cnn" / strategy).glob("events.out.tfevents.*"))
         assert len(events) == 1 and events[0].stat().st_size > 0

@@ -21,6 +21,8 @@ from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, assert_ok, mpirun, python_cmd
 from support.run_port import write_fashion_subset
 
+pytestmark = pytest.mark.mpi
+
 SCRIPT = "tests/support/mpi_scripts/exact_cases.py"
 
 

@@ -7,9 +7,12 @@ off: the comparison can fail."""
 
 import json
 
+import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import assert_ok, bno_cmd, horovodrun
+
+pytestmark = pytest.mark.mpi
 
 COMMON = ("--model", "resnet18", "--dtype", "float64", "--updates", "8", "--lr", "0.02", "--momentum", "0.9")
 COMMON += ("--seed", "3", "--no-eval", "--no-progress", "--latency-interval", "0")

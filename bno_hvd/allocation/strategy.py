@@ -16,7 +16,7 @@ from typing import Any
 
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.rounding import round_to_total
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, check_invariant
 from bno_hvd.common.parsing import BATCH, RANKS, SEED, show_value
 
 
@@ -110,7 +110,7 @@ class Strategy:
         """The fixed global batch split proportional to ``weights`` (a share above a rank's memory
         cap is processed in micro-batches, so caps do not bound the split)."""
         sizes = round_to_total(weights, self.global_batch, 1)
-        assert sum(sizes) == self.global_batch
+        check_invariant(sum(sizes) == self.global_batch, f"{self.name} split {sum(sizes)}, not {self.global_batch}")
         return sizes
 
 

@@ -18,6 +18,7 @@ import math
 import numbers
 
 from bno_hvd.common.errors import UsageError
+from bno_hvd.common.parsing import as_float
 
 MAX_SAMPLES = 10**9  # samples of a dataset: each epoch draws a permutation of them (8 bytes each)
 
@@ -53,11 +54,11 @@ def check_optional_int(name: str, value, low: int, high: int, hint: str = "") ->
 
 def check_number(name: str, value, low: float, high: float) -> float:
     """``value`` as a finite float in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(as_float(value)):
         raise UsageError(f"{name} must be a finite number, got {describe(value)}")
-    if not low <= float(value) <= high:
+    if not low <= as_float(value) <= high:
         raise UsageError(f"{name} must be between {low:g} and {high:g}, got {describe(value)}")
-    return float(value)
+    return as_float(value)
 
 
 def check_flag(name: str, value) -> bool:

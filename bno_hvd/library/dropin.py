@@ -155,7 +155,8 @@ def check_horovod_options(hvd, options: dict) -> None:
     compression or group would fail only at the first step, inside Horovod)."""
     check_keys("DistributedOptimizer", options, HOROVOD_OPTIONS)
     check_int("backward_passes_per_step", options.get("backward_passes_per_step", 1), 1, 10**6)
-    check_int("num_groups", options.get("num_groups", 0), 0, 10**6)
+    if "num_groups" in options:  # Horovod warns that it is deprecated
+        raise UsageError("num_groups is deprecated by Horovod; pass groups=<number of groups> instead")
     check_flag("sparse_as_dense", options.get("sparse_as_dense", False))
     compression = options.get("compression", hvd.Compression.none)
     if not all(callable(getattr(compression, f, None)) for f in ("compress", "decompress")):

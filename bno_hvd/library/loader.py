@@ -294,7 +294,8 @@ def check_loader_options(options: dict, seed_samples) -> None:
     check_keys("the loader", options, LOADING_OPTIONS)
     check_int("num_workers", options.get("num_workers", 0), 0, 1024)
     check_optional_int("prefetch_factor", options.get("prefetch_factor"), 1, 1024)
-    check_number("timeout", options.get("timeout", 0), 0, 10**6)
+    if check_number("timeout", options.get("timeout", 0), 0, 10**6) and not options.get("num_workers"):
+        raise UsageError("timeout= waits for worker processes: give num_workers > 0 too, or drop timeout")
     for name in ("collate_fn", "worker_init_fn"):
         check_callable(name, options.get(name))
     for name, default in (("pin_memory", False), ("persistent_workers", False), ("in_order", True)):

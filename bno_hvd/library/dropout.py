@@ -96,7 +96,7 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
 
     ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose loader feeds the model
     (its seed and the keys of the batch in progress)."""
-    from bno_hvd.runtime.balancer import Balancer
+    from bno_hvd.library.balancer import Balancer
 
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"exact_dropout takes a torch.nn.Module, got {describe(model)}")

@@ -20,7 +20,6 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.mpienv import arrange_for_shared_cores
 from bno_hvd.processes.world import leave_together, one_line_errors
 
-
 OWN = ("self", "comm", "strategy", "dataset_len", "seed")  # the Balancer's arguments for_world sets itself
 
 

@@ -154,8 +154,8 @@ BALANCER = {
     "strategy": arg(("equal", "balanced", "random", "bno"), ("@7 ranks", "@2 ranks", *JUNK)),
     "dataset_len": arg(range(1, 200), (0, -5, *JUNK)),
     **BALANCER_OPTIONS,
-    "lengths": optional(("@lengths", [1, 2], [0] * 200, "@lengths-1"), JUNK),
-    "max_tokens": optional((None, 1, 100), (0, *JUNK)),
+    # text=TextOptions(...): "@lengths" one per sample, "@lengths-1" one short; a token cap; or junk
+    "text": optional((None, "@lengths", "@lengths:40", [1, 2], [0] * 200, "@lengths-1", "@cap"), JUNK),
 }
 CALLS = {  # call -> its arguments' values (a byte picks one; no tuple: no argument)
     "start_step": (None, *JUNK[:6]),
@@ -184,9 +184,12 @@ def strategy_for(spec, n_ranks=1):
 
 def run_balancer(args, world, calls=b""):
     n = args["dataset_len"]
-    if mark(args.get("lengths")) in ("@lengths", "@lengths-1"):
+    text = args.get("text")
+    if isinstance(text, list) or mark(text) in ("@lengths", "@lengths:40", "@lengths-1", "@cap"):
         count = n if isinstance(n, int) and 0 < n < 1000 else 3
-        args["lengths"] = [1 + i % 7 for i in range(count - (args["lengths"] == "@lengths-1"))]
+        lengths = [1 + i % 7 for i in range(count - (text == "@lengths-1"))] if isinstance(text, str) else text
+        cap = {"@lengths:40": 40, "@cap": 8}.get(text) if isinstance(text, str) else None
+        args["text"] = bno.TextOptions(lengths=None if text == "@cap" else lengths, max_tokens=cap)
     strategy = strategy_for(args.pop("strategy"))
     comm = args.pop("comm")
     bal = bno.Balancer(world.comm if mark(comm) == "@self" else comm, strategy, args.pop("dataset_len"), **args)

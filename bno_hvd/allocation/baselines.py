@@ -21,11 +21,13 @@ in micro-batches with gradient accumulation. Only ``balanced`` models what an ex
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.strategy import Strategy
-from bno_hvd.common.arguments import check_int, describe
+from bno_hvd.common.arguments import describe
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH
 
@@ -80,8 +82,10 @@ class FixedStrategy(Strategy):
             got = f"{len(batch_sizes)}" if isinstance(batch_sizes, (list, tuple)) else describe(batch_sizes)
             got = "none" if batch_sizes is None else got
             raise UsageError(f"'fixed' needs --batch-sizes with one size per rank ({n_ranks}), got {got}")
-        for b in batch_sizes:
-            check_int("each of --batch-sizes", b, 1, BATCH.high)
+        integral = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in batch_sizes)
+        if not integral or not all(1 <= b <= BATCH.high for b in batch_sizes):
+            shown = ", ".join(describe(b) for b in batch_sizes[:8]) + (", ..." if len(batch_sizes) > 8 else "")
+            raise UsageError(f"--batch-sizes must all be integers >= 1 (at most {BATCH.high:g}), got [{shown}]")
         self.batch_sizes = [int(b) for b in batch_sizes]
         if global_batch is not None and global_batch != sum(self.batch_sizes):
             raise UsageError(

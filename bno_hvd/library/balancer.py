@@ -298,7 +298,8 @@ class Balancer(SamplerFace):
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             if isinstance(err, UsageError):
                 raise
-            raise UsageError(f"not a Balancer.state_dict() ({first_line(err)})") from None
+            why = first_line(err)
+            raise UsageError(f"the state does not fit this run ({why}); give what state_dict() returned") from None
         if state.get("cost") is not None and self.sampler.lengths is not None:
             # the resumed run splits by the cost the interrupted one measured, not by a new measurement
             self.cost = SequenceCost(**{k: float(v) for k, v in state["cost"].items()})

@@ -34,7 +34,7 @@ from bno_hvd.allocation.metrics_file import load_metrics_file, metrics_to_json
 from bno_hvd.allocation.offsets import latency_offsets
 from bno_hvd.allocation.paper import bno_batch_sizes, compute_k, memory_weights, network_weights
 from bno_hvd.allocation.rounding import round_to_total
-from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.allocation.strategy import Strategy, check_sizes
 from bno_hvd.common.errors import UsageError
 
 STRATEGY_NAMES = ("bno", "balanced", "equal", "random", "fixed", "proportional", "lbbsp", "paramhub")
@@ -66,6 +66,7 @@ def make_strategy(
     """
     name, spec_options = split_spec(name)
     options = {**spec_options, **options}
+    check_sizes(n_ranks, base_batch_size, global_batch, seed)
     if name == "fixed":
         return FixedStrategy(
             n_ranks, base_batch_size, batch_sizes=batch_sizes, global_batch=global_batch, seed=seed, **options

@@ -21,11 +21,15 @@ in micro-batches with gradient accumulation. Only ``balanced`` models what an ex
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.strategy import Strategy
+from bno_hvd.common.arguments import describe
 from bno_hvd.common.errors import UsageError
+from bno_hvd.common.parsing import BATCH
 
 
 class EqualStrategy(Strategy):
@@ -74,11 +78,14 @@ class FixedStrategy(Strategy):
 
     def __init__(self, n_ranks, base_batch_size, *, batch_sizes=None, global_batch=None, seed=0, **options):
         super().__init__(n_ranks, base_batch_size, seed=seed, **options)
-        if batch_sizes is None or len(batch_sizes) != n_ranks:
-            got = "none" if batch_sizes is None else f"{len(batch_sizes)}"
+        if not isinstance(batch_sizes, (list, tuple)) or len(batch_sizes) != n_ranks:
+            got = f"{len(batch_sizes)}" if isinstance(batch_sizes, (list, tuple)) else describe(batch_sizes)
+            got = "none" if batch_sizes is None else got
             raise UsageError(f"'fixed' needs --batch-sizes with one size per rank ({n_ranks}), got {got}")
-        if any(isinstance(b, bool) or int(b) != b or b < 1 for b in batch_sizes):
-            raise UsageError(f"--batch-sizes must all be integers >= 1, got {list(batch_sizes)}")
+        integral = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in batch_sizes)
+        if not integral or not all(1 <= b <= BATCH.high for b in batch_sizes):
+            shown = ", ".join(describe(b) for b in batch_sizes[:8]) + (", ..." if len(batch_sizes) > 8 else "")
+            raise UsageError(f"--batch-sizes must all be integers >= 1 (at most {BATCH.high:g}), got [{shown}]")
         self.batch_sizes = [int(b) for b in batch_sizes]
         if global_batch is not None and global_batch != sum(self.batch_sizes):
             raise UsageError(

@@ -26,12 +26,12 @@ class BNOStrategy(Strategy):
     name = "bno"
 
     def __init__(self, n_ranks, base_batch_size, *, global_batch=None, seed=0, **options):
-        if global_batch is not None and global_batch != n_ranks * base_batch_size:
+        super().__init__(n_ranks, base_batch_size, seed=seed, **options)
+        if global_batch is not None and global_batch != self.global_batch:
             raise UsageError(
                 "'bno' derives its global batch from eq. (5) and --base-batch-size; "
                 "drop --global-batch or use 'balanced' for a fixed global batch"
             )
-        super().__init__(n_ranks, base_batch_size, seed=seed, **options)
 
     @property
     def changes_global_batch(self) -> bool:

@@ -6,7 +6,8 @@ kernels, the loss), ``t`` per token (embeddings, the MLP, the projections: linea
 squared length (attention's scores: L x L per head). :func:`fit_sequence_cost` fits the three
 terms, plus a fixed cost per pass, to measured passes (a sweep of lengths at start-up,
 :mod:`bno_hvd.training.calibrate`) by non-negative least squares, and reports the fit's relative
-error on every point of the sweep.
+error on every point of the sweep; :func:`fit_warning` says when that error is large
+(:data:`FIT_ERROR_LIMIT`) at some length, since the split by cost then follows a wrong model.
 
 The allocation then counts *work*: a sequence's cost divided by the mean cost of a training
 sequence, in thousandths (:data:`UNITS`): 1000 is an average sequence. The strategies split a
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 UNITS = 1000  # work of an average training sequence
+FIT_ERROR_LIMIT = 0.2  # a fit off by more than this at some length of the sweep gets a note
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,24 @@ def fit_sequence_cost(rows) -> tuple[SequenceCost, float, list[float]]:
     cost = SequenceCost(float(s), float(per_token), float(q))
     predicted = fixed + cost.pass_seconds(n, L)
     return cost, float(fixed), (predicted / t - 1.0).tolist()
+
+
+def fit_warning(rows, errors, limit: float = FIT_ERROR_LIMIT) -> str | None:
+    """One line when :func:`fit_sequence_cost`'s ``errors`` on ``rows`` exceed ``limit`` (relative)
+    at some length of the sweep, naming the worst; None when the fit holds everywhere."""
+    used = [L for n, L, t in rows if n > 0 and L > 0 and t > 0]  # the rows the fit used, in order
+    worst: dict = {}
+    for L, e in zip(used, errors):
+        worst[L] = max(worst.get(L, 0.0), abs(e))
+    bad = {L: e for L, e in worst.items() if e > limit}
+    if not bad:
+        return None
+    L = max(bad, key=bad.get)
+    return (
+        f"the cost model is off by {bad[L]:.1%} at length {L:g} (more than {limit:.0%} at {len(bad)} of the "
+        f"sweep's {len(worst)} lengths), so the split by cost follows a wrong model: another process probably "
+        "shared rank 0's core while it measured; rerun when the machine is quieter, or use --allocate-by tokens"
+    )
 
 
 def work_per_sequence(lengths, cost: SequenceCost) -> np.ndarray:

@@ -241,7 +241,11 @@ def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[floa
     # Exact up to float64: one step of T moves rank i by spacing(T) / c_i samples, which is more
     # than 1e-6 of the total when a large fixed cost (a slow link) meets a tiny c.
     resolution = len(b) * np.spacing(max(abs(t_lo), abs(t_hi))) / c.min()
-    assert abs(b.sum() - total) <= 1e-6 * max(total, 1.0) + 4 * resolution, (b.sum(), total)
+    if not abs(b.sum() - total) <= 1e-6 * max(total, 1.0) + 4 * resolution:
+        raise UsageError(
+            f"solve_equal_finish: the sizes sum to {b.sum():.6g}, not the global batch {total}: the fixed costs "
+            "are too large against the per-sample costs for float64; check the step times (seconds) it was given"
+        )
     return b.tolist()
 
 

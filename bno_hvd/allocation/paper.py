@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, check_invariant
 
 FLOOR_EPS = 1e-9
 
@@ -75,7 +75,7 @@ def bno_batch_sizes(ops, memory_used, latency, base_batch_size: int) -> list[int
     ncw_sum = _network_weight_sums(lat)
     raw = (k + mw + ncw_sum) / 3.0 * base_batch_size
     sizes = np.maximum(np.floor(raw + FLOOR_EPS), 1).astype(np.int64)
-    assert sizes.shape == (n,) and (sizes >= 1).all()
+    check_invariant(sizes.shape == (n,) and bool((sizes >= 1).all()), "BNO sizes are N ints >= 1")
     return sizes.tolist()
 
 

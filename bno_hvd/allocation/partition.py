@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bno_hvd.common.errors import check_invariant
+
 
 def rank_order(shares) -> list[int]:
     """Ranks from the smallest share to the largest (by rank among equals): who takes the shortest."""
@@ -63,7 +65,7 @@ def split_by_shares(work_sorted, shares) -> list[int]:
     out = [0] * k
     for r, c in zip(order, counts_in_order):
         out[r] = c
-    assert sum(out) == n and min(out) >= 1
+    check_invariant(sum(out) == n and min(out) >= 1, f"split_by_shares gave {out} for {n} samples")
     return out
 
 

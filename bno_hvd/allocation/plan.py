@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, check_invariant
 
 
 class LagError(UsageError):
@@ -74,7 +74,7 @@ class AllocationPlan:
         first = self.done + self.lag - 1
         sizes = [int(b) for b in sizes]
         if sizes != self.changes[-1][1]:
-            assert first >= self.changes[-1][0], "decisions are applied in order"
+            check_invariant(first >= self.changes[-1][0], "allocation decisions are applied in order")
             if first == self.changes[-1][0]:
                 self.changes[-1] = (first, sizes)
             else:

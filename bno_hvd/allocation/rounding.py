@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, check_invariant
 
 
 def round_to_total(
@@ -58,7 +58,8 @@ def round_to_total(
     out = np.floor(target).astype(np.int64)
     remainder = target - out
     _distribute(out, remainder, total - int(out.sum()), lo, hi)
-    assert int(out.sum()) == total and (out >= lo).all() and (out <= hi).all(), (out, total)
+    ok = int(out.sum()) == total and bool((out >= lo).all() and (out <= hi).all())
+    check_invariant(ok, f"rounding to {total} gave {out.tolist()[:8]}")
     return out.tolist()
 
 
@@ -88,7 +89,7 @@ def _distribute(out: np.ndarray, remainder: np.ndarray, left: int, lo: np.ndarra
         room = (hi - out) if step > 0 else (out - lo)
         eligible = np.flatnonzero(room > 0)
         # Feasibility was checked by the caller, so there is always someone with room.
-        assert eligible.size > 0
+        check_invariant(eligible.size > 0, "a rank with room for the rest of the global batch")
         need = abs(left)
         if need >= eligible.size and not first_pass:
             bulk = min(need // eligible.size, int(room[eligible].min()))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bno_hvd.allocation.partition import rank_range, split_by_shares
+from bno_hvd.common.errors import UsageError, check_invariant
 
 
 def epoch_permutation(dataset_len: int, seed: int, epoch: int) -> np.ndarray:
@@ -92,7 +93,7 @@ class UnevenSampler:
 
     def __post_init__(self) -> None:
         if self.dataset_len <= 0:
-            raise ValueError("UnevenSampler needs a non-empty dataset")
+            raise UsageError(f"the sample stream needs a dataset of at least one sample, got {self.dataset_len}")
         self._perm_cache: dict[int, np.ndarray] = {}
 
     @property
@@ -138,7 +139,7 @@ class UnevenSampler:
             return idx[order], epochs[order]
         lo, hi = rank_slice(batch_sizes, rank)
         idx, epochs = self.take(start.advanced(lo, self.dataset_len), hi - lo)
-        assert len(idx) == batch_sizes[rank], "a rank's slice must have its allocated length"
+        check_invariant(len(idx) == batch_sizes[rank], "a rank's slice must have its allocated length")
         if self.lengths is not None:
             order = np.argsort(self.lengths[idx], kind="stable")
             idx, epochs = idx[order], epochs[order]
@@ -172,7 +173,8 @@ class UnevenSampler:
 
     def tokens_at(self, start: Position, batch_sizes: list[int], rank: int) -> tuple[int, int]:
         """With ``lengths``: their sum over the global batch at ``start`` and over ``rank``'s slice."""
-        assert self.lengths is not None, "tokens_at needs lengths"
+        if self.lengths is None:
+            raise UsageError("tokens_at() needs a sampler made with lengths= (one per sample)")
         total = int(self.lengths[self.take(start, self.batch_count(start, batch_sizes))[0]].sum())
         mine = int(self.lengths[self.slice_at(start, batch_sizes, rank)[0]].sum())
         return total, mine
@@ -193,6 +195,8 @@ class UnevenSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if int(state["dataset_len"]) != self.dataset_len:
-            raise ValueError("checkpoint was made with a dataset of a different size")
+            raise UsageError(
+                f"the saved stream is of a dataset of {state['dataset_len']} samples, this one has {self.dataset_len}"
+            )
         self.seed, self.epoch, self.offset = int(state["seed"]), int(state["epoch"]), int(state["offset"])
         self._perm_cache.clear()

@@ -16,7 +16,7 @@ from typing import Any
 
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.rounding import round_to_total
-from bno_hvd.common.errors import UsageError
+from bno_hvd.common.errors import UsageError, check_invariant
 from bno_hvd.common.parsing import BATCH, RANKS, SEED, show_value
 
 
@@ -40,17 +40,7 @@ class Strategy:
     def __init__(
         self, n_ranks: int, base_batch_size: int, *, global_batch: int | None = None, seed: int = 0, **options
     ):
-        _check_int("number of ranks", n_ranks, 1, maximum=RANKS.high)
-        _check_int("base batch size (--base-batch-size)", base_batch_size, 1, maximum=BATCH.high)
-        if global_batch is not None:
-            _check_int(
-                "global batch (--global-batch)",
-                global_batch,
-                n_ranks,
-                hint=f"each of the {n_ranks} ranks needs at least one sample",
-                maximum=n_ranks * BATCH.high,
-            )
-        _check_int("seed (--seed)", seed, 0, maximum=SEED.high)
+        check_sizes(n_ranks, base_batch_size, global_batch, seed)
         unknown = sorted(set(options) - set(self.OPTIONS))
         if unknown:
             valid = ", ".join(sorted(self.OPTIONS)) or "none"
@@ -110,7 +100,7 @@ class Strategy:
         """The fixed global batch split proportional to ``weights`` (a share above a rank's memory
         cap is processed in micro-batches, so caps do not bound the split)."""
         sizes = round_to_total(weights, self.global_batch, 1)
-        assert sum(sizes) == self.global_batch
+        check_invariant(sum(sizes) == self.global_batch, f"{self.name} split {sum(sizes)}, not {self.global_batch}")
         return sizes
 
 
@@ -121,6 +111,21 @@ def valid_sizes(sizes, n_ranks: int, sit_out_ok: bool = False) -> bool:
     if len(sizes) != n_ranks or sizes[0] < 1 or any(b < 0 for b in sizes):
         return False
     return sizes.count(0) <= (1 if sit_out_ok else 0)
+
+
+def check_sizes(n_ranks, base_batch_size, global_batch=None, seed=0) -> None:
+    """The arguments every strategy takes (``make_strategy`` checks them before it picks one)."""
+    _check_int("number of ranks", n_ranks, 1, maximum=RANKS.high)
+    _check_int("base batch size (--base-batch-size)", base_batch_size, 1, maximum=BATCH.high)
+    if global_batch is not None:
+        _check_int(
+            "global batch (--global-batch)",
+            global_batch,
+            n_ranks,
+            hint=f"each of the {n_ranks} ranks needs at least one sample",
+            maximum=n_ranks * BATCH.high,
+        )
+    _check_int("seed (--seed)", seed, 0, maximum=SEED.high)
 
 
 def _check_int(what: str, value, minimum: int, hint: str = "", maximum: int | None = None) -> None:

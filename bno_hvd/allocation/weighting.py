@@ -9,6 +9,7 @@ into each rank's gradient before the allreduce: :mod:`bno_hvd.library.dropin`.)
 
 from __future__ import annotations
 
+from bno_hvd.common.arguments import describe
 from bno_hvd.common.errors import UsageError
 
 
@@ -34,7 +35,7 @@ def scaled_lr(base_lr: float, global_batch: int, n_ranks: int, base_batch_size: 
         return base_lr
     if rule == "linear":
         return base_lr * global_batch / (n_ranks * base_batch_size)
-    raise ValueError(f"unknown lr scaling rule {rule!r}; use 'linear' or 'none'")
+    raise UsageError(f"unknown lr scaling rule {describe(rule)}; use 'linear' or 'none'")
 
 
 def keeps_batches_even(strategy_name: str, initial: list[int]) -> bool:

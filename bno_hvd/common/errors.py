@@ -53,6 +53,14 @@ class TrainingError(RuntimeError):
     rank = None
 
 
+def check_invariant(holds: bool, what: str) -> None:
+    """Raise :class:`TrainingError` unless ``holds``: a result bno-hvd computed broke its own
+    rule (``what``), a bug rather than a user's error; an ``assert`` would vanish under -O and
+    end a rank with an empty AssertionError."""
+    if not holds:
+        raise TrainingError(f"internal check failed: {what}; this is a bug in bno-hvd, please report it")
+
+
 class WarningLog:
     """Distinct warnings, each reported once: ``warn`` adds, ``drain`` hands out what is new."""
 

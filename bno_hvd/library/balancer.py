@@ -30,6 +30,7 @@ import numpy as np
 from bno_hvd.allocation.costmodel import SequenceCost, work_per_sequence
 from bno_hvd.allocation.sampler import UnevenSampler
 from bno_hvd.allocation.weighting import rank_weight
+from bno_hvd.common.arguments import check_balancer, check_int, dataset_length, first_line
 from bno_hvd.common.errors import UsageError, WarningLog
 from bno_hvd.library.control.controller import Controller
 from bno_hvd.library.control.monitor import process_memory_bytes
@@ -83,12 +84,11 @@ class Balancer(SamplerFace):
         sit_out: bool = False,
         text: TextOptions | None = None,
     ):
-        if rebalance_every < 1:
-            raise UsageError(f"rebalance_every must be >= 1, got {rebalance_every}")
         if text is None:
             text = TextOptions()
         elif not isinstance(text, TextOptions):
             raise UsageError(f"text= takes a bno_hvd.TextOptions(lengths=..., ...), got {type(text).__name__}")
+        dataset_len = check_balancer(**{k: v for k, v in locals().items() if k not in ("self", "text")}, **vars(text))
         keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/processes/heap.py)
         # whether a rank may get 0 samples (sit out: the loop must then leave the allreduce to
         # the others, as bno-hvd's own loop does: bno_hvd/library/catchup.py)
@@ -147,7 +147,7 @@ class Balancer(SamplerFace):
         Takes DataLoader's loading options (``num_workers``, ``prefetch_factor``, ``pin_memory``,
         ``persistent_workers``, ``collate_fn``, ...) and ``seed_samples`` (see ``bno_hvd.library.loader``).
         Each iteration is one epoch of :class:`bno_hvd.library.loader.Batch` objects."""
-        if len(dataset) != self.sampler.dataset_len:
+        if dataset_length(dataset, "loader()'s dataset") != self.sampler.dataset_len:
             raise UsageError(
                 f"the dataset has {len(dataset)} samples but the balancer was made for "
                 f"{self.sampler.dataset_len}; pass len(dataset) to Balancer"
@@ -158,6 +158,7 @@ class Balancer(SamplerFace):
     def batches(self, loader, updates: int):
         """``loader``'s batches, epoch after epoch, until ``updates`` updates are done (also for a
         :class:`bno_hvd.DataLoader`: no batch beyond the last update is drawn)."""
+        check_int("batches(updates=)", updates, 0, 10**12, "the update to stop at")
         while self.update < updates:
             for batch in loader:
                 yield batch
@@ -291,8 +292,14 @@ class Balancer(SamplerFace):
         return {"update": self.update, "sampler": self.sampler.state_dict(), "cost": cost, **self.control.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.control.load_state_dict(state)
-        self.sampler.load_state_dict(state["sampler"])
+        try:
+            self.control.load_state_dict(state)
+            self.sampler.load_state_dict(state["sampler"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            if isinstance(err, UsageError):
+                raise
+            why = first_line(err)
+            raise UsageError(f"the state does not fit this run ({why}); give what state_dict() returned") from None
         if state.get("cost") is not None and self.sampler.lengths is not None:
             # the resumed run splits by the cost the interrupted one measured, not by a new measurement
             self.cost = SequenceCost(**{k: float(v) for k, v in state["cost"].items()})
@@ -325,7 +332,7 @@ class Balancer(SamplerFace):
 
     def _require_step(self) -> Step:
         if self._step is None:
-            raise RuntimeError("call start_step() first")
+            raise UsageError("end_compute()/end_step() without an open step: call start_step() first in each update")
         return self._step
 
 

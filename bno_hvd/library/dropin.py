@@ -32,6 +32,7 @@ import torch
 
 from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even, scaled_lr
+from bno_hvd.common.arguments import check_flag, check_int, check_keys, check_number, describe, first_line
 from bno_hvd.common.errors import UsageError, import_horovod
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.processes.world import one_line_errors
@@ -118,26 +119,53 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
         raise UsageError(f"DistributedOptimizer needs balancer=<the Balancer>, got {type(balancer).__name__}")
     if hasattr(optimizer, "synchronize"):
         raise UsageError("pass the plain torch optimizer: bno_hvd.DistributedOptimizer wraps it in Horovod's itself")
-    if lr_scaling not in ("linear", "none"):
-        raise UsageError(f"lr_scaling must be 'linear' or 'none', got {lr_scaling!r}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(f"DistributedOptimizer wraps a torch.optim optimizer, got {describe(optimizer)}")
+    if not isinstance(lr_scaling, str) or lr_scaling not in ("linear", "none"):
+        raise UsageError(f"lr_scaling must be 'linear' or 'none', got {describe(lr_scaling)}")
+    check_number("gradient_predivide_factor", gradient_predivide_factor, 0, 1e6)
+    check_horovod_options(hvd, horovod_options)
     if horovod_options.get("process_set", hvd.global_process_set) is not hvd.global_process_set:
         raise UsageError("process_set: the balancer's shares are over every rank; use the global process set")
     names = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min", hvd.Max: "max"}
     strategy = balancer.strategy
     even = keeps_batches_even(strategy.name, strategy.initial())
-    user_op = "average" if op is None else names.get(op, str(op))
+    known = isinstance(op, int) and not isinstance(op, bool) and op in names
+    user_op = "average" if op is None else names[op] if known else describe(op)
     reduce_op, weighted = gradient_reduction(user_op, even, gradient_predivide_factor)
-    wrapped = hvd.DistributedOptimizer(
-        optimizer,
-        named_parameters=named_parameters,
-        op=hvd.Adasum if reduce_op == "adasum" else hvd.Sum,
-        **horovod_options,
-    )
+    try:
+        wrapped = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=named_parameters,
+            op=hvd.Adasum if reduce_op == "adasum" else hvd.Sum,
+            **horovod_options,
+        )
+    except (TypeError, ValueError) as err:  # Horovod's checks of named_parameters and groups
+        raise UsageError(f"hvd.DistributedOptimizer refused the arguments: {first_line(err)}") from None
     params = [p for group in wrapped.param_groups for p in group["params"] if p.requires_grad]
     balancer.gradients_weighted = weighted  # exact BatchNorm's backward works in the same frame (library/batchnorm.py)
     wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
     wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
     return wrapped
+
+
+def check_horovod_options(hvd, options: dict) -> None:
+    """What DistributedOptimizer passes on to Horovod's, checked before Horovod uses it (a bad
+    compression or group would fail only at the first step, inside Horovod)."""
+    check_keys("DistributedOptimizer", options, HOROVOD_OPTIONS)
+    check_int("backward_passes_per_step", options.get("backward_passes_per_step", 1), 1, 10**6)
+    if "num_groups" in options:  # Horovod warns that it is deprecated
+        raise UsageError("num_groups is deprecated by Horovod; pass groups=<number of groups> instead")
+    check_flag("sparse_as_dense", options.get("sparse_as_dense", False))
+    compression = options.get("compression", hvd.Compression.none)
+    if not all(callable(getattr(compression, f, None)) for f in ("compress", "decompress")):
+        raise UsageError(f"compression must be hvd.Compression.none or .fp16, got {describe(compression)}")
+    groups = options.get("groups")
+    if groups is not None and not isinstance(groups, list):
+        check_int("groups", groups, 1, 10**6, "or a list of lists of parameters")
+
+
+HOROVOD_OPTIONS = ("compression", "backward_passes_per_step", "num_groups", "groups", "sparse_as_dense", "process_set")
 
 
 def _step(self, *args, **kwargs):

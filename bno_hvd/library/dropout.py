@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from bno_hvd.common.arguments import describe
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.loader import sample_seed
 
@@ -59,6 +60,10 @@ class SampleDropout(TorchFunctionMode):
             bound = _SIGNATURES[func].bind(*args, **kwargs)
             bound.apply_defaults()
             a = bound.arguments
+            if not isinstance(a["p"], (int, float)) or not 0 <= a["p"] <= 1:  # torch's own rule
+                raise UsageError(
+                    f"{func.__name__}: dropout probability has to be between 0 and 1, got {describe(a['p'])}"
+                )
             if a["training"] and a["p"] > 0:
                 if func in _NOT_COVERED:
                     raise UsageError(f"exact_dropout covers dropout and dropout1d/2d/3d, not {func.__name__}")
@@ -91,6 +96,12 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
 
     ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose loader feeds the model
     (its seed and the keys of the batch in progress)."""
+    from bno_hvd.library.balancer import Balancer
+
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"exact_dropout takes a torch.nn.Module, got {describe(model)}")
+    if not isinstance(balancer, Balancer):
+        raise UsageError(f"exact_dropout needs the Balancer that feeds the model, got {describe(balancer)}")
 
     def keys():
         step = balancer.current_step

@@ -28,6 +28,7 @@ allocations, the sample stream, the rank, and the (collective) lag agreement.
 
 from __future__ import annotations
 
+import inspect
 import random
 import warnings
 from collections.abc import Callable
@@ -42,6 +43,16 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 
 from bno_hvd.allocation.sampler import updates_left
+from bno_hvd.common.arguments import (
+    check_callable,
+    check_flag,
+    check_int,
+    check_keys,
+    check_number,
+    check_optional_int,
+    describe,
+    first_line,
+)
 from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import show_path
 
@@ -254,12 +265,9 @@ def make_loader(feed: LoaderFeed, dataset, *, seed_samples: bool = True, **kwarg
         raise UsageError(
             "in_order=False lets batches overtake each other; the balancer needs them in update order, so drop in_order"
         )
+    check_loader_options(kwargs, seed_samples)
     workers = kwargs.get("num_workers", 0)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise UsageError(f"num_workers must be an integer >= 0, got {workers!r}")
     factor = kwargs.get("prefetch_factor")
-    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int) or factor < 1):
-        raise UsageError(f"prefetch_factor must be an integer >= 1, got {factor!r}")
     if workers == 0 and factor is not None:
         kwargs.pop("prefetch_factor")  # torch refuses it without workers; it means nothing there
     if workers == 0:
@@ -269,9 +277,33 @@ def make_loader(feed: LoaderFeed, dataset, *, seed_samples: bool = True, **kwarg
     feed.agree_lag(prefetch_depth(workers, factor))
     keyed = KeyedDataset(dataset, feed.sampler.seed, seed_samples, fast_tensors=kwargs.get("collate_fn") is None)
     collate = CollateToBatch(kwargs.pop("collate_fn", None))
-    return DataLoader(
-        keyed,
-        batch_sampler=UnevenBatchSampler(feed.plan, feed.sampler, feed.rank),
-        collate_fn=collate,
-        **kwargs,
-    )
+    try:
+        return DataLoader(
+            keyed,
+            batch_sampler=UnevenBatchSampler(feed.plan, feed.sampler, feed.rank),
+            collate_fn=collate,
+            **kwargs,
+        )
+    except (TypeError, ValueError) as err:  # torch's own checks of the loading options
+        raise UsageError(f"torch's DataLoader refused the loading options: {first_line(err)}") from None
+
+
+def check_loader_options(options: dict, seed_samples) -> None:
+    """The loading options a user passes on to torch's DataLoader, checked before torch sees them
+    (some fail only in a worker, at the first batch)."""
+    check_keys("the loader", options, LOADING_OPTIONS)
+    check_int("num_workers", options.get("num_workers", 0), 0, 1024)
+    check_optional_int("prefetch_factor", options.get("prefetch_factor"), 1, 1024)
+    if check_number("timeout", options.get("timeout", 0), 0, 10**6) and not options.get("num_workers"):
+        raise UsageError("timeout= waits for worker processes: give num_workers > 0 too, or drop timeout")
+    for name in ("collate_fn", "worker_init_fn"):
+        check_callable(name, options.get(name))
+    for name, default in (("pin_memory", False), ("persistent_workers", False), ("in_order", True)):
+        check_flag(name, options.get(name, default))
+    check_flag("seed_samples", seed_samples)
+    generator = options.get("generator")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise UsageError(f"generator must be a torch.Generator or None, got {describe(generator)}")
+
+
+LOADING_OPTIONS = [p for p in inspect.signature(DataLoader).parameters if p not in ("dataset", *OWNED)]

@@ -8,15 +8,19 @@ Balancer answers the sampler's calls here.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
-from bno_hvd.allocation import make_strategy
+from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.allocation.sampler import epoch_share
 from bno_hvd.allocation.weighting import scaled_lr
+from bno_hvd.common.arguments import check_keys, dataset_length, describe
 from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.mpienv import arrange_for_shared_cores
 from bno_hvd.processes.world import leave_together, one_line_errors
+
+OWN = ("self", "comm", "strategy", "dataset_len", "seed")  # the Balancer's arguments for_world sets itself
 
 
 class SamplerFace:
@@ -39,7 +43,14 @@ class SamplerFace:
         from mpi4py import MPI
 
         one_line_errors()
-        length = dataset if isinstance(dataset, int) and not isinstance(dataset, bool) else len(dataset)
+        length = dataset_length(dataset, "Balancer.for_world's dataset")
+        check_keys("Balancer.for_world", options, [p for p in inspect.signature(cls).parameters if p not in OWN])
+        if comm is not None and not isinstance(comm, MPI.Comm):
+            raise UsageError(f"comm must be an mpi4py communicator (or None: COMM_WORLD), got {describe(comm)}")
+        if not isinstance(strategy, (str, Strategy)):
+            raise UsageError(
+                f"strategy must be a strategy's name or a Strategy (make_strategy), got {describe(strategy)}"
+            )
         comm = MPI.COMM_WORLD.Dup() if comm is None else comm
         leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
         _check_horovod_world(comm.Get_size())

@@ -120,7 +120,7 @@ class TextTask:
 
     def allocation(self, cfg, comm, model, data, size: int) -> tuple[dict, dict | None]:
         """Lengths (token weights), and the work of each sequence when the split or an emulation needs it."""
-        from bno_hvd.allocation.costmodel import TOKENS, work_per_sequence
+        from bno_hvd.allocation.costmodel import TOKENS, fit_warning, work_per_sequence
         from bno_hvd.training.calibrate import calibrate, describe
 
         lengths = data.train.lengths
@@ -138,6 +138,9 @@ class TextTask:
             import sys
 
             print(f"bno-hvd: note: {describe(measured)}", file=sys.stderr, flush=True)
+            warning = fit_warning(measured["sweep"], measured["errors"])
+            if warning:
+                print(f"bno-hvd: note: {warning}", file=sys.stderr, flush=True)
         kept = {**measured, "cost": measured["cost"].to_dict(), "unit": unit}
         measured_work = work_per_sequence(lengths, measured["cost"])
         if unit == "cost":

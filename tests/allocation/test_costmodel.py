@@ -9,6 +9,7 @@ from bno_hvd.allocation.costmodel import (
     UNITS,
     SequenceCost,
     fit_sequence_cost,
+    fit_warning,
     nonnegative_lstsq,
     work_per_sequence,
 )
@@ -33,6 +34,25 @@ def test_noise_never_makes_a_term_negative():
     assert len(errors) == 6 and max(abs(e) for e in errors) < 0.5
     x = np.array([[1.0, 0.0], [0.0, 1.0]])
     assert nonnegative_lstsq(x, np.array([2.0, -1.0])).tolist() == [2.0, 0.0]
+
+
+def test_a_fit_off_by_more_than_a_fifth_at_some_length_gets_one_line():
+    # measured-like: a sweep of 8..512 (two batch sizes per length, the fastest of 5 rounds), with
+    # a few percent of noise (fits: no note), then with the passes at 256 slowed 1.8x (another
+    # process on the core while they ran): the fit cannot follow, and the note names that length
+    true = SequenceCost(3e-5, 2.2e-6, 1.5e-9)
+    rng = np.random.default_rng(4)
+    lengths = (8, 16, 32, 64, 128, 256, 512)
+    rows = [(n, L, (4e-4 + true.pass_seconds(n, L)) * rng.uniform(0.97, 1.05)) for L in lengths for n in (2, 8)]
+    cost, fixed, errors = fit_sequence_cost(rows)
+    assert max(abs(e) for e in errors) < 0.2 and fit_warning(rows, errors) is None
+    slowed = [(n, L, t * (1.8 if L == 256 else 1.0)) for n, L, t in rows]
+    cost, fixed, errors = fit_sequence_cost(slowed)
+    worst = max(abs(e) for (_, L, _), e in zip(slowed, errors) if L == 256)
+    note = fit_warning(slowed, errors)
+    assert worst > 0.2 and note is not None and note.splitlines() == [note], note
+    assert f"off by {worst:.1%} at length 256 (more than 20%" in note
+    assert fit_warning(slowed, errors, limit=1.0) is None  # the limit is the one given
 
 
 def test_work_is_in_thousandths_of_the_mean_sequence():

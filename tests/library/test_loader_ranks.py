@@ -101,7 +101,7 @@ def test_uneven_changing_ranks_through_workers_equal_one_process(tmp_path, fashi
     assert len({tuple(s) for s in sizes}) >= 4 and all(sum(s) == 32 for s in sizes)
     diff = max_relative_difference(multi, single)
     print(f"DataLoader path, changing allocation: max relative difference {diff:.3e}")
-    assert diff <= 1e-5
+    assert diff <= 1e-10  # float64; measured 2.7e-16
 
 
 def test_killed_mid_epoch_with_workers_resumes_exactly(kill_and_resume):

@@ -75,4 +75,4 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
     a, b = torch.load(tmp_path / "multi.pt", weights_only=True), torch.load(single, weights_only=True)
     diff = max_relative_difference(a, b)
     print(f"sat out and came back: max relative difference {diff:.3e}")
-    assert diff <= 1e-9
+    assert diff <= 1e-10  # float64; measured 1.9e-13

@@ -80,12 +80,12 @@ def test_four_ranks_with_changing_splits_equal_one_process(single_process, tmp_p
     single, single_log = single_process(kind)
     diff = max_relative_difference(multi, single)
     print(f"{extra or 'plain'}: max relative difference {diff:.3e}")
-    assert diff <= 1e-9
+    assert diff <= 1e-10  # float64; measured 2.0e-12, 4.7e-13, 8.0e-13
     records = read_updates(str(log))
     assert len({tuple(r.batch_sizes) for r in records}) >= 4  # the split really changed
     assert [r.global_tokens for r in records] == [r.global_tokens for r in read_updates(str(single_log))]
     losses = [r.loss for r in records]
-    assert losses == pytest.approx([r.loss for r in read_updates(str(single_log))], rel=1e-9)
+    assert losses == pytest.approx([r.loss for r in read_updates(str(single_log))], rel=1e-10)
     assert losses[-1] < losses[0]  # it trained
     if "--max-tokens" in extra:
         steps = steps_from_json(json.loads((log / "ranks.json").read_text()))

@@ -5,7 +5,7 @@ n_r / sum(n) and Horovod sums the gradients.
 
 Adam runs in float64: its update m/sqrt(v) turns float32 summation-order noise in
 near-zero gradients into full-size steps (measured here: 2.6e-4 max relative difference in
-float32 after 20 updates, 3e-13 in float64), so float32 would test rounding, not the method.
+float32 after 20 updates, 6e-14 in float64), so float32 would test rounding, not the method.
 Plain SGD is linear in the gradient and is checked in float32."""
 
 import pytest
@@ -57,7 +57,7 @@ def test_uneven_ranks_equal_single_process(optimizer, dtype, tmp_path, fashion_a
     assert multi.keys() == single.keys()
     diff = max_relative_difference(multi, single)
     print(f"{optimizer}: max relative difference {diff:.3e}")
-    assert diff <= 1e-5
+    assert diff <= (1e-5 if dtype == "float32" else 1e-10)  # measured: 1.5e-7 (SGD, float32), 5.7e-14 (Adam)
     # and training really moved the parameters (not a comparison of two initialisations)
     from bno_hvd.data.models import build_model
 
@@ -75,7 +75,7 @@ def test_ranks_that_accumulate_micro_batches_equal_single_process(tmp_path, fash
     single = train_and_save(1, "32", "sgd", "float64", tmp_path / "single.pt", tmp_path)
     diff = max_relative_difference(multi, single)
     print(f"accumulating ranks: max relative difference {diff:.3e}")
-    assert diff <= 1e-9
+    assert diff <= 1e-10  # float64; measured 2.7e-16
     import json
 
     from bno_hvd.training.results import steps_from_json

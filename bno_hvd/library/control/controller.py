@@ -17,6 +17,7 @@ Usage (what :class:`bno_hvd.library.balancer.Balancer` does)::
 from __future__ import annotations
 
 from bno_hvd.allocation.plan import AllocationPlan
+from bno_hvd.allocation.strategy import valid_sizes
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.control.plane import ControlPlane, RebalanceResult
 
@@ -31,8 +32,21 @@ class Controller:
         self.rank, self.size = self.plane.rank, self.plane.size
         self.strategy = strategy
         self.fixed_lag = lag
-        initial = self.plane.broadcast(strategy.initial() if self.rank == 0 else None)
-        self.plan = AllocationPlan(initial, lag=lag or 1)
+        self.plan = AllocationPlan(self.plane.decide_on_root(self._initial), lag=lag or 1)
+
+    def _initial(self) -> list[int]:
+        """Rank 0's strategy's first allocation, for the world it has to fit (run on rank 0)."""
+        n = getattr(self.strategy, "n_ranks", self.size)
+        if n != self.size:
+            raise UsageError(
+                f"the strategy was made for {n} ranks but the job has {self.size}; "
+                f"make it with make_strategy(name, {self.size}, batch_size) (hvd.size() ranks)"
+            )
+        sizes = [int(b) for b in self.strategy.initial()]
+        if not valid_sizes(sizes, self.size):
+            shown = sizes if len(sizes) <= 16 else f"{len(sizes)} sizes"
+            raise UsageError(f"the strategy's initial allocation must be {self.size} batch sizes >= 1, got {shown}")
+        return sizes
 
     def agree_lag(self, depth: int) -> int:
         """Collective: the lag every rank uses for loaders that read ``depth`` batches ahead."""

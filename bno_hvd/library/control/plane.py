@@ -7,11 +7,14 @@ communicator the caller reserves for it (``MPI.COMM_WORLD.Dup()``).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
 from bno_hvd.allocation import ClusterMetrics
 from bno_hvd.allocation.strategy import valid_sizes
+from bno_hvd.common.arguments import describe, first_line
+from bno_hvd.common.errors import TrainingError, UsageError
 
 
 @dataclass
@@ -97,21 +100,50 @@ class ControlPlane:
     def broadcast(self, batch_sizes: list[int] | None) -> list[int]:
         return self.comm.bcast(batch_sizes, root=0)
 
+    def decide_on_root(self, decide):
+        """Collective: ``decide()`` runs on rank 0 and every rank returns its result. Whatever
+        it raises there (a user's strategy may raise anything) reaches every rank as the same
+        one-line error, a :class:`UsageError` as itself and anything else as a
+        :class:`TrainingError`, instead of leaving the others waiting in ``bcast`` for rank 0."""
+        payload = None
+        if self.rank == 0:
+            try:
+                payload = ("ok", decide())
+            except UsageError as err:
+                payload = ("usage", one_line(str(err)))
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it (see the doc)
+                payload = ("training", f"rank 0 failed while allocating: {first_line(err)}{_where(err)}")
+        kind, value = self.comm.bcast(payload, root=0)
+        if kind == "usage":
+            raise UsageError(value)
+        if kind == "training":
+            raise TrainingError(value)
+        return value
+
     def rebalance(self, strategy, report: RankReport, current: list[int], update: int) -> RebalanceResult:
-        """Collective. Rank 0 runs ``strategy.rebalance``; a failure there keeps ``current``."""
+        """Collective. Rank 0 runs ``strategy.rebalance``; bad metrics or a ValueError or
+        ArithmeticError there keep ``current`` (with a warning), any other error ends every rank."""
         t0 = time.perf_counter()
         reports = self.gather(report)
-        sizes, warnings, memory, recent, note, model = None, [], None, None, None, None
-        if self.rank == 0:
+        found = {}
+
+        def decide():
             sizes, warning = allocate_on_root(strategy, reports, current, update)
-            note = getattr(strategy, "last_note", None) if sizes != list(current) else None
-            warnings = ([warning] if warning else []) + [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
-            memory = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
-            recent = [r.recent_steps for r in reports]
-            model = getattr(strategy, "last_model", None)
-        sizes = self.broadcast(sizes)
-        assert valid_sizes(sizes, self.size, getattr(strategy, "sit_out_ok", False))
-        return RebalanceResult(list(sizes), time.perf_counter() - t0, warnings, memory, recent, note, model)
+            found["note"] = getattr(strategy, "last_note", None) if sizes != list(current) else None
+            found["warnings"] = [warning] if warning else []
+            found["warnings"] += [f"rank {r.rank}: {w}" for r in reports for w in r.warnings]
+            found["memory"] = [r.memory_used if math.isfinite(r.memory_used) else None for r in reports]
+            found["recent"] = [r.recent_steps for r in reports]
+            found["model"] = getattr(strategy, "last_model", None)
+            return sizes
+
+        sizes = self.decide_on_root(decide)
+        if not valid_sizes(sizes, self.size, getattr(strategy, "sit_out_ok", False)):
+            raise TrainingError(f"rank 0 broadcast an invalid allocation {describe(sizes)} for {self.size} ranks")
+        f = found.get
+        return RebalanceResult(
+            list(sizes), time.perf_counter() - t0, f("warnings", []), f("memory"), f("recent"), f("note"), f("model")
+        )
 
 
 def allocate_on_root(strategy, reports: list[RankReport], current: list[int], update: int):
@@ -128,3 +160,18 @@ def allocate_on_root(strategy, reports: list[RankReport], current: list[int], up
     if not valid_sizes(sizes, len(current), getattr(strategy, "sit_out_ok", False)):
         return list(current), f"strategy returned an invalid allocation {sizes}; kept the last one"
     return sizes, warning
+
+
+def one_line(message: str) -> str:
+    """``message`` with its line breaks turned into spaces (an error must stay one line)."""
+    return " ".join(message.split()) or "(no message)"
+
+
+def _where(err: BaseException) -> str:
+    """`` (at file.py:LINE)``: where ``err`` was raised, for an error that has to stay one line."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    return f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})"

@@ -15,5 +15,6 @@ The Balancer (the public step API) and its parts:
 
 The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
 (``DataLoader``, ``DistributedOptimizer``, one-line errors) and :mod:`.dropout` (dropout masks
-per global sample, so that N ranks equal one process).
+per global sample, so that N ranks equal one process); for a DDP script, :mod:`.ddp`
+(``DistributedDataParallel``: DDP whose communication hook weights each rank by its share).
 """

@@ -42,7 +42,6 @@ import inspect
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 from bno_hvd.common.errors import UsageError
@@ -126,6 +125,8 @@ def build_model(spec: str, num_classes: int = 10, input_shape: tuple[int, int, i
 
 
 def torchvision_models() -> list[str]:
+    import torchvision  # only here: the built-in models and a user's run without it
+
     return torchvision.models.list_models(module=torchvision.models)
 
 
@@ -166,6 +167,8 @@ def smallest_side(make, side: int, name: str) -> int:
 
 
 def _torchvision(name: str, num_classes: int) -> nn.Module:
+    import torchvision
+
     builder = torchvision.models.get_model_builder(name)
     extra = {"aux_logits": False} if "aux_logits" in inspect.signature(builder).parameters else {}
     if name == "inception_v3":

@@ -51,4 +51,3 @@ def test_a_venv_with_torch_alone_runs_the_torch_engine(tmp_path, fashion_availab
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "test accuracy:" in proc.stdout and "after 8 updates" in proc.stdout
     assert (out / "result.json").is_file()
-

@@ -16,8 +16,8 @@ import re
 import pytest
 import torch
 from support.checks import max_relative_difference
-from support.jobs import FASHION_DIR, assert_ok, mpirun, python_cmd, torchrun
-from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_markers
+from support.jobs import FASHION_DIR, ROOT, assert_ok, mpirun, python_cmd, torchrun
+from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
 
 ARGS = ["--epochs", "2", "--strategy", "random", "--log-interval", "8", "--seed", "5"]
@@ -55,6 +55,13 @@ def test_the_ddp_twin_differs_from_the_example_in_the_marked_lines_alone():
     assert not any(re.search(r"\bbno\.", line) for line in code)
     assert any("torch.nn.parallel.DistributedDataParallel(model" in line for line in twin)
     assert any("DistributedSampler(train_set" in line for line in twin)
+
+
+def test_docs_show_the_port_as_it_is():
+    with open(f"{ROOT}/docs/ddp.md") as fh:
+        page = fh.read()
+    assert port_diff(example_source(DDP_EXAMPLE), name="examples/ddp_mnist.py", plain="DDP") in page
+    assert "torchrun --nproc-per-node 4 examples/ddp_mnist.py" in page
 
 
 @pytest.mark.slow

@@ -25,6 +25,12 @@ from bno_hvd.common.errors import UsageError
 
 __all__ = ["DistributedDataParallel", "WeightedAllreduce", "weighted_allreduce_hook"]
 
+# Every hooked DDP's process group, kept until the interpreter exits. Seen under torchrun: after the
+# script's destroy_process_group(), the DDP object (its Reducer) held the last reference to the Gloo
+# group; freeing it with the GIL held joined a Gloo worker thread that was waiting for the GIL, and
+# 2 of 4 ranks never exited. (A mitigation of that exit race, not yet confirmed by a repeated run.)
+_KEPT_GROUPS: list = []
+
 
 class WeightedAllreduce:
     """The hook's state: ``weight()`` is this rank's factor for the update under way; ``group``
@@ -71,6 +77,7 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
         )
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     ddp.register_comm_hook(WeightedAllreduce(lambda: _weight(balancer), group), weighted_allreduce_hook)
+    _KEPT_GROUPS.append(ddp.process_group)
     _StepEnds(balancer, ddp)
     return ddp
 

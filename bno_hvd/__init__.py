@@ -42,6 +42,7 @@ _EXPORTS = {
     "lab.emulation": ("DeviceEmulator",),
     "library.balancer": ("Balancer", "Step", "StepStats"),
     "library.control.monitor": ("MetricsMonitor",),
+    "library.ddp": ("DistributedDataParallel",),
     "library.dropin": ("DataLoader", "DistributedOptimizer"),
     "library.batchnorm": ("exact_batchnorm",),
     "library.dropout": ("exact_dropout",),

@@ -39,17 +39,3 @@ nitpick_ignore_regex = [
 
 html_theme = "furo"
 html_title = "bno-hvd"
-
-# Pages that other work adds: the index lists them, and they enter its toctree once their file
-# exists (a missing one must not fail the build). Any other page that no toctree lists fails it.
-OPTIONAL_PAGES = {"exactness", "ddp", "simulator"}
-
-
-def drop_missing_optional_pages(app, docname, source):
-    if docname == "index":
-        missing = {p for p in OPTIONAL_PAGES if not os.path.exists(os.path.join(app.srcdir, f"{p}.md"))}
-        source[0] = "\n".join(line for line in source[0].split("\n") if line.strip() not in missing)
-
-
-def setup(app):
-    app.connect("source-read", drop_missing_optional_pages)

@@ -155,8 +155,9 @@ def run_suite_command(strategies, warmup, rounds, out_dir, profiles) -> None:
         raise UsageError("--suite: (--updates - --warmup) / --rounds must leave blocks of at least 2 updates")
     os.makedirs(out_dir, exist_ok=True)
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    engine = ("--engine", ctx.params["engine"])  # every profile's job runs on the engine asked for
     rows = suite.run_suite(
-        chosen, out_dir, values["rounds"], values["updates"], values["warmup"], names, mpirun_command, echo
+        chosen, out_dir, values["rounds"], values["updates"], values["warmup"], names, mpirun_command, echo, engine
     )
     click.echo(suitetable.suite_markdown(rows), nl=False)
     click.echo(f"wrote {out_dir}/suite.json, suite.md and one directory per profile")

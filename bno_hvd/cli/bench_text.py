@@ -29,7 +29,7 @@ def text_bench(strategies: str | None, warmup: int, out_dir: str | None, progres
     from bno_hvd.lab.textbench import run_text_bench
     from bno_hvd.processes.world import init_world
 
-    world = init_world(base.collectives)
+    world = init_world(base.collectives, engine=base.engine)
     rows = run_text_bench(base, entries, warmup, world, echo=lambda m: click.echo(m, err=True))
     if rows is None:
         return

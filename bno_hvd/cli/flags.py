@@ -272,15 +272,12 @@ def train_options(fn=None, *, exclude=()):
                 help="Seconds between latency probes (0: off).",
             ),
         ),
-        (
-            "dtype",
-            click.option(
-                "--dtype",
-                type=click.Choice(["float32", "float64"]),
-                default=D.dtype,
-                show_default=True,
-                help="Parameter/compute precision (float64 for exactness checks).",
-            ),
+        _choice("--dtype", ["float32", "float64"], "Parameter/compute precision (float64 for exactness checks)."),
+        _choice(
+            "--engine",
+            ["horovod", "torch"],
+            "What sums the gradients: horovod (horovodrun/mpirun), or torch: DistributedDataParallel over Gloo "
+            "(CPU) or NCCL (GPU), under torchrun or mpirun; no Horovod needed.",
         ),
         (
             "collectives",
@@ -294,15 +291,8 @@ def train_options(fn=None, *, exclude=()):
                 "MPI's waits spin on the quota the rank needs); mpi otherwise and for GPU tensors.",
             ),
         ),
-        (
-            "device",
-            click.option(
-                "--device",
-                type=click.Choice(["auto", "cpu", "cuda"]),
-                default=D.device,
-                show_default=True,
-                help="auto: GPU number local_rank where CUDA is available, else the CPU.",
-            ),
+        _choice(
+            "--device", ["auto", "cpu", "cuda"], "auto: GPU number local_rank where CUDA is available, else the CPU."
         ),
         (
             "amp",
@@ -333,6 +323,13 @@ def train_options(fn=None, *, exclude=()):
         if name not in exclude:
             fn = opt(fn)
     return fn
+
+
+def _choice(flag: str, choices: list[str], help: str):
+    """A flag whose value is one of ``choices``, its default the TrainConfig field's."""
+    name = flag[2:]
+    default = getattr(D, name.replace("-", "_"))
+    return name, click.option(flag, type=click.Choice(choices), default=default, show_default=True, help=help)
 
 
 def config_from_flags(**kw) -> TrainConfig:

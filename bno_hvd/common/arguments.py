@@ -120,7 +120,9 @@ def check_balancer(comm, strategy, dataset_len, **options) -> int:
     plane makes, ``strategy`` a Strategy's (``initial``, ``rebalance``); whether the strategy fits
     the world is checked collectively when the Balancer starts its control plane."""
     if not all(callable(getattr(comm, name, None)) for name in ("Get_rank", "Get_size", "bcast", "gather")):
-        raise UsageError(f"comm must be an mpi4py communicator (MPI.COMM_WORLD.Dup()), got {describe(comm)}")
+        raise UsageError(
+            f"comm must be an mpi4py communicator (MPI.COMM_WORLD.Dup()) or a TorchComm, got {describe(comm)}"
+        )
     if not all(callable(getattr(strategy, name, None)) for name in ("initial", "rebalance", "state_dict")):
         raise UsageError(
             f"strategy must be a bno_hvd Strategy (make_strategy(name, n_ranks, batch_size)), got {describe(strategy)}"

@@ -14,6 +14,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
 - :mod:`.shares` - whether ranks with one CPU limit get one share (a suite's ``balanced`` updates)
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
+- :mod:`.engines` - the torch engine beside the Horovod engine: paired suite runs, one table
 - :mod:`.pairing`, :mod:`.stalls` - ``bench --rounds``: paired ratios; single updates that stalled, and why
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)

@@ -234,14 +234,17 @@ def bench_args(profile: Profile, out: str, rounds: int, updates: int, warmup: in
     return args
 
 
-def run_profile(profile: Profile, out_dir: str, rounds, updates, warmup, strategies, timeout: float, mpirun_command):
+def run_profile(
+    profile: Profile, out_dir: str, rounds, updates, warmup, strategies, timeout: float, mpirun_command, flags=()
+):
     """One profile's job; returns its bench.json rows (raises RuntimeError when the job fails).
-    ``mpirun_command(n, args)``: the launcher's command line (:func:`bno_hvd.cli.launching.mpirun_command`)."""
+    ``mpirun_command(n, args)``: the launcher's command line (:func:`bno_hvd.cli.launching.mpirun_command`);
+    ``flags``: more flags of every job's ``bench`` (``--engine torch``)."""
     out = os.path.join(out_dir, profile.name)
     os.makedirs(out, exist_ok=True)
     bno = shutil.which("bno-hvd") or "bno-hvd"
     cmd = [sys.executable, "-m", "bno_hvd.lab.confine", bno, "bench"]
-    cmd += bench_args(profile, out, rounds, updates, warmup, strategies)
+    cmd += bench_args(profile, out, rounds, updates, warmup, strategies) + list(flags)
     with Confinement(profile) as extra, open(os.path.join(out, "bench.log"), "w") as log:
         proc = subprocess.run(
             mpirun_command(RANKS, cmd), stdout=log, stderr=subprocess.STDOUT, env=mpi_env(extra=extra), timeout=timeout
@@ -252,14 +255,16 @@ def run_profile(profile: Profile, out_dir: str, rounds, updates, warmup, strateg
         return json.load(fh)
 
 
-def run_suite(profiles, out_dir: str, rounds: int, updates: int, warmup: int, strategies, mpirun_command, echo):
+def run_suite(
+    profiles, out_dir: str, rounds: int, updates: int, warmup: int, strategies, mpirun_command, echo, flags=()
+):
     """Every profile in turn; writes ``suite.json`` and ``suite.md`` in ``out_dir`` after each one
     (a failed profile is reported and the suite goes on). Returns the summary rows."""
     rows = []
     for number, profile in enumerate(profiles, 1):
         echo(f"== profile {number}/{len(profiles)}: {profile.name} ({profile.label()})")
         try:
-            bench = run_profile(profile, out_dir, rounds, updates, warmup, strategies, 3600, mpirun_command)
+            bench = run_profile(profile, out_dir, rounds, updates, warmup, strategies, 3600, mpirun_command, flags)
             rows.append(profile_row(profile, bench))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
             echo(f"bno-hvd: warning: {err}")

@@ -18,9 +18,11 @@ from bno_hvd.allocation.weighting import scaled_lr
 from bno_hvd.common.arguments import check_keys, dataset_length, describe
 from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.mpienv import arrange_for_shared_cores
+from bno_hvd.processes.torchenv import world_control_comm
 from bno_hvd.processes.world import leave_together, one_line_errors
 
 OWN = ("self", "comm", "strategy", "dataset_len", "seed")  # the Balancer's arguments for_world sets itself
+CONTROL_CALLS = ("Get_rank", "Get_size", "gather", "bcast", "Barrier", "Dup")  # of a ControlComm
 
 
 class SamplerFace:
@@ -31,8 +33,9 @@ class SamplerFace:
     def for_world(
         cls, dataset, batch_size: int, strategy="balanced", *, global_batch=None, seed=0, comm=None, **options
     ) -> Balancer:  # noqa: F821 - the subclass
-        """A Balancer over a duplicate of ``MPI.COMM_WORLD`` (or ``comm``), the drop-in for
-        Horovod's ``DistributedSampler``.
+        """A Balancer over every rank of the job (or ``comm``), the drop-in for Horovod's or torch's
+        ``DistributedSampler``: its control plane on a duplicate of ``MPI.COMM_WORLD``, or under
+        torchrun on a Gloo group of its own (``bno_hvd.processes.torchenv.world_control_comm``).
 
         ``dataset`` (or its length); ``batch_size``: the per-rank base batch B, as Horovod's per-rank
         batch size (the global batch is N*B, or ``global_batch``); ``strategy``: a name, built with
@@ -40,18 +43,18 @@ class SamplerFace:
         the sample order, the per-sample augmentation and dropout seeds, and ``random``'s draws.
         Other ``options`` go to :class:`~bno_hvd.library.balancer.Balancer` (``rebalance_every``,
         ``monitor``, ``max_batch``, ``window``, ``lag``)."""
-        from mpi4py import MPI
-
         one_line_errors()
         length = dataset_length(dataset, "Balancer.for_world's dataset")
         check_keys("Balancer.for_world", options, [p for p in inspect.signature(cls).parameters if p not in OWN])
-        if comm is not None and not isinstance(comm, MPI.Comm):
-            raise UsageError(f"comm must be an mpi4py communicator (or None: COMM_WORLD), got {describe(comm)}")
+        if comm is not None and not all(callable(getattr(comm, name, None)) for name in CONTROL_CALLS):
+            raise UsageError(
+                f"comm must be an mpi4py communicator or a TorchComm (or None: the job's world), got {describe(comm)}"
+            )
         if not isinstance(strategy, (str, Strategy)):
             raise UsageError(
                 f"strategy must be a strategy's name or a Strategy (make_strategy), got {describe(strategy)}"
             )
-        comm = MPI.COMM_WORLD.Dup() if comm is None else comm
+        comm = world_control_comm() if comm is None else comm
         leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
         _check_horovod_world(comm.Get_size())
         if isinstance(strategy, str):

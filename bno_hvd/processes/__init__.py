@@ -1,8 +1,11 @@
 """PROCESS PLUMBING: what every rank of a job needs before and around training - MPI, then
-Horovod, their settings, memory and waiting. May import :mod:`bno_hvd.common` only.
+Horovod (or torch.distributed), their settings, memory and waiting. May import :mod:`bno_hvd.common` only.
 
 - :mod:`.world` - MPI, then Horovod, in every rank; leaving together; one error line per job
 - :mod:`.gloo` - Horovod over Gloo inside an MPI job (its rendezvous)
+- :mod:`.torchworld` - the torch engine's job: torch.distributed, the loop's collectives over it
+- :mod:`.torchenv` - torch.distributed under torchrun or from the MPI world; the control plane's communicator
+- :mod:`.torchcomm` - the control plane's communicator interface, and its torch.distributed (Gloo) one
 - :mod:`.mpienv` - MPI settings in a rank (and ``launch/mpi-env``'s exports)
 - :mod:`.heap` - malloc thresholds: freed memory stays in each rank's heap
 - :mod:`.collector` - the setup kept out of Python's garbage collections

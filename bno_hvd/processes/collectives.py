@@ -73,7 +73,8 @@ def allreduce_alone(hvd, model, repeats: int = 20, warmup: int = 3) -> tuple[flo
 def set_passes(optimizer, passes: int) -> None:
     """Let Horovod accumulate ``passes`` backward passes (micro-batches) before it allreduces;
     ranks may differ (a rank's allreduce starts after its own last pass)."""
-    if optimizer.backward_passes_per_step != passes:
+    # (a plain optimizer, the torch engine's: DDP's no_sync holds the allreduce back instead, Run.parts)
+    if getattr(optimizer, "backward_passes_per_step", passes) != passes:
         optimizer.set_backward_passes_per_step(passes)
 
 
@@ -82,6 +83,10 @@ def optimizer_step(optimizer, scaler=None) -> None:
     finish the allreduce, unscale, step without synchronising again, update the scale."""
     if scaler is None:
         optimizer.step()
+        return
+    if not hasattr(optimizer, "synchronize"):  # the torch engine: DDP reduced the gradients in backward()
+        scaler.step(optimizer)
+        scaler.update()
         return
     optimizer.synchronize()
     scaler.unscale_(optimizer)

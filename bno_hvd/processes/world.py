@@ -30,8 +30,8 @@ COLLECTIVES = ("auto", "mpi", "gloo")
 
 
 def launched_rank(environ=os.environ) -> int:
-    """This process's rank from the launcher's environment (0 when not under MPI)."""
-    rank = env_count(environ, "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+    """This process's rank from the launcher's environment (mpirun's, srun's, torchrun's; else 0)."""
+    rank = env_count(environ, "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
     return rank or 0
 
 
@@ -88,6 +88,7 @@ class World:
     collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi or gloo (auto resolved)
     # rank r -> Horovod's process set of every rank but r, for a rank that sits out (None: not made)
     sit_out_sets: dict | None = None
+    engine: str = "horovod"  # or torch: hvd is then bno_hvd.processes.torchworld.TorchCollectives
 
     @property
     def master(self) -> bool:
@@ -96,7 +97,8 @@ class World:
     def fork(self) -> World:
         """Collective: the same job with its own control-plane and monitor communicators, for a
         run that stays alive beside others (``bench --rounds``), so their messages never mix."""
-        return replace(self, control_comm=self.control_comm.Dup(), monitor_comm=self.monitor_comm.Dup())
+        monitor = None if self.monitor_comm is None else self.monitor_comm.Dup()  # None: no latency probe
+        return replace(self, control_comm=self.control_comm.Dup(), monitor_comm=monitor)
 
     def abort(self, code: int) -> None:
         """End every rank of the job now (an error only this rank knows about)."""
@@ -105,13 +107,21 @@ class World:
         MPI.COMM_WORLD.Abort(code)
 
 
-def init_world(collectives: str = "mpi", device: str = "auto", throttled: bool = False) -> World:
+def init_world(
+    collectives: str = "mpi", device: str = "auto", throttled: bool = False, engine: str = "horovod"
+) -> World:
     """Initialise MPI and Horovod in this rank; raises :class:`UsageError` for a wrong launch.
+    ``engine="torch"``: torch.distributed instead (:func:`bno_hvd.processes.torchworld.start_torch`).
 
     ``collectives``: what Horovod's allreduce runs on, ``mpi``, ``gloo``
     (:mod:`bno_hvd.processes.gloo`) or ``auto`` (:func:`choose_collectives`; ``device`` and
     ``throttled``, whether bno-hvd will put the ranks under CPU quotas, inform it); the control
     plane always talks MPI."""
+    if engine == "torch":
+        from bno_hvd.processes.torchworld import start_torch
+
+        hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device)
+        return World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
     hvd = import_horovod()

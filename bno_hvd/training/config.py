@@ -63,6 +63,7 @@ class TrainConfig:
     device: str = "auto"  # auto: GPU local_rank where CUDA is available, else the CPU
     amp: bool = False  # mixed precision (float16 + GradScaler on a GPU, bfloat16 on the CPU)
     threads: int = 1  # torch threads per rank
+    engine: str = "horovod"  # the gradients' allreduce: horovod, or torch (DDP; also under torchrun)
     collectives: str = "auto"  # what Horovod's allreduce runs on: auto, mpi, or gloo (waits without spinning)
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
@@ -110,7 +111,7 @@ class TrainConfig:
     def world_options(self) -> dict:
         """What :func:`bno_hvd.processes.world.init_world` takes from this config."""
         throttled = bool(self.cpu_quota or self.cpu_quota_schedule)
-        return {"collectives": self.collectives, "device": self.device, "throttled": throttled}
+        return {"collectives": self.collectives, "device": self.device, "throttled": throttled, "engine": self.engine}
 
     def check_world(self, size: int) -> None:
         """Checks that need the number of ranks (same result on every rank)."""
@@ -260,6 +261,7 @@ FIELD_RULES: tuple[Rule, ...] = (
     ),
     _choice("--device", "device", ("auto", "cpu", "cuda")),
     _choice("--collectives", "collectives", ("auto", "mpi", "gloo")),
+    _choice("--engine", "engine", ("horovod", "torch")),
     _choice("--optimizer", "optimizer", ("sgd", "adam")),
     _choice("--dtype", "dtype", ("float32", "float64")),
     _choice("--lr-scaling", "lr_scaling", ("linear", "none")),
@@ -320,5 +322,12 @@ PAIR_RULES: tuple[tuple[Callable[[Any], bool], Callable[[Any], str]], ...] = (
     (
         lambda c: c.cpu_quota is not None and c.cpu_quota_schedule is not None,
         lambda c: "give --cpu-quota or --cpu-quota-schedule, not both",
+    ),
+    (
+        lambda c: c.engine == "torch" and split_spec(c.strategy)[1].get("sit_out", 0),
+        lambda c: (
+            "--engine torch: a rank cannot sit an update out (DDP reduces over every rank); "
+            "drop sit_out= from --strategy (the torch engine never sits a rank out) or use --engine horovod"
+        ),
     ),
 )

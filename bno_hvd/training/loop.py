@@ -81,7 +81,7 @@ class Training:
     def update(self, batch) -> None:
         """One update of this rank, from its batch (every rank, collectively)."""
         run, cfg, world = self.run, self.cfg, self.world
-        hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
+        hvd, model, opt, bal, hooks = world.hvd, run.train_model, run.optimizer, run.balancer, run.hooks
         # -- this rank's step: forward, weighted loss, backward ------------------------
         t = time.perf_counter()
         if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
@@ -134,7 +134,7 @@ class Training:
             self.evals.append(evaluation_point(run, sum(r.global_batch for r in self.records), self.clock))
         if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
             self.sit_out.catch_up()  # the finite check runs on every rank's parameters
-            save_training_state(cfg, world.control_comm, model, opt, bal)
+            save_training_state(cfg, world.control_comm, run.model, opt, bal)
 
     def suspend(self) -> None:
         """Step aside while other runs train: the clock stops, the hooks let go."""

@@ -34,6 +34,14 @@ def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
 
 
+def torchrun(np_, args, *, timeout=300, env=None):
+    """Run the Python script ``args[0]`` with ``args[1:]`` on ``np_`` local ranks under torchrun (a
+    rendezvous of its own on a free port: ``--standalone``); returns CompletedProcess."""
+    cmd = [os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc-per-node", str(np_)]
+    run_env = mpi_env({"OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=run_env, cwd=ROOT)
+
+
 def python_cmd(*args):
     return [sys.executable, *args]
 

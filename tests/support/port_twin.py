@@ -1,5 +1,6 @@
 """The plain Horovod script that ``examples/horovod_mnist.py``'s port markers describe (its
-"twin"), and the port as a diff (docs/porting.md, ``launch/update-docs``).
+"twin"), and the port as a diff (docs/porting.md, ``launch/update-docs``); the same for the plain
+DDP script of ``examples/ddp_mnist.py`` (``DDP_EXAMPLE``, docs/ddp.md).
 
 A line of the port ends in one of two comments; every other line is the same in both scripts:
 
@@ -17,6 +18,7 @@ import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "horovod_mnist.py")
+DDP_EXAMPLE = os.path.join(ROOT, "examples", "ddp_mnist.py")
 MARKER = re.compile(r"# bno-hvd: (?:was (?P<was>\S.*)|added)")
 
 
@@ -50,19 +52,19 @@ def plain_twin(source: str) -> str:
     return "\n".join(twin) + "\n"
 
 
-def port_diff(source: str, context: int = 1) -> str:
-    """The unified diff from the twin to the example, as README and docs/porting.md show it."""
+def port_diff(source: str, context: int = 1, name: str = "examples/horovod_mnist.py", plain: str = "Horovod") -> str:
+    """The unified diff from the twin to the example, as README, docs/porting.md and docs/ddp.md show it."""
     diff = difflib.unified_diff(
         plain_twin(source).splitlines(),
         source.splitlines(),
-        "plain Horovod (the twin)",
-        "examples/horovod_mnist.py",
+        f"plain {plain} (the twin)",
+        name,
         n=context,
         lineterm="",
     )
     return "\n".join(diff) + "\n"
 
 
-def example_source() -> str:
-    with open(EXAMPLE) as fh:
+def example_source(path: str = EXAMPLE) -> str:
+    with open(path) as fh:
         return fh.read()

@@ -1,7 +1,7 @@
-"""Run ``examples/horovod_mnist.py`` (or its plain Horovod twin) unchanged, in float64, and keep
-what the port's tests compare.
+"""Run ``examples/horovod_mnist.py`` or ``examples/ddp_mnist.py`` (or a plain twin) unchanged, in
+float64, and keep what the port's tests compare.
 
-Usage (under horovodrun/mpirun): ``python tests/support/run_port.py OUT_DIR SCRIPT [script args]``
+Usage (under horovodrun/mpirun/torchrun): ``python tests/support/run_port.py OUT_DIR SCRIPT [script args]``
 
 - torch's default dtype is float64 before the example runs (torchvision's ``ToTensor`` follows it,
   so the data, the model and the gradients are float64);
@@ -54,7 +54,7 @@ def main() -> None:
 
     torch.nn.modules.module.register_module_forward_hook(note)
     runpy.run_path(script, run_name="__main__")
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))  # mpirun's, torchrun's
     with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
         json.dump(seen["sizes"], fh)
     if rank == 0:

@@ -1,4 +1,6 @@
-"""The mpi4py control plane (with :mod:`bno_hvd.processes.world`, the only code that talks MPI directly).
+"""The control plane (with :mod:`bno_hvd.processes.world`, the only code that talks MPI directly):
+mpi4py, or under torchrun torch.distributed on a Gloo group (:mod:`bno_hvd.processes.torchcomm`,
+the same calls).
 Part of the library: may import what :mod:`bno_hvd.library` may.
 
 - :mod:`.controller` - one rank's side: its report, the plan of allocations every rank holds

@@ -1,0 +1,130 @@
+"""Gradient sync by torch.distributed: ``DistributedDataParallel`` whose communication hook weights
+each rank's gradients by its share of the global batch.
+
+Each rank's loss is the mean over its own n_r samples. DDP's own hook divides every bucket by
+the number of ranks, which is the global batch's mean only when batches are even. The hook here
+multiplies the bucket by this rank's weight w_r = n_r / sum(n) (its share of the global batch's
+tokens for text, see :class:`~bno_hvd.library.step.Step`) and all-reduces with SUM, so the result
+is sum_r w_r * mean_r = the mean gradient over the global batch, exactly what one process would
+compute on it. (With a hook registered DDP does not divide by the world size itself: the hook
+owns the reduction.) The weight is read when the bucket is ready, so it is the current update's
+and follows every rebalance.
+
+Usage (the drop-in, :func:`bno_hvd.DistributedDataParallel`)::
+
+    model = bno.DistributedDataParallel(model, balancer=train_sampler)   # was DDP(model)
+
+bno-hvd's own training loop (``--engine torch``) weights the loss instead and registers the hook
+with ``weight=lambda: 1.0``: the same sum.
+"""
+
+import torch
+import torch.distributed as dist
+
+from bno_hvd.common.errors import UsageError
+
+__all__ = ["DistributedDataParallel", "WeightedAllreduce", "weighted_allreduce_hook"]
+
+# Every hooked DDP's process group, kept until the interpreter exits. Seen under torchrun: after the
+# script's destroy_process_group(), the DDP object (its Reducer) held the last reference to the Gloo
+# group; freeing it with the GIL held joined a Gloo worker thread that was waiting for the GIL, and
+# 2 of 4 ranks never exited. (A mitigation of that exit race, not yet confirmed by a repeated run.)
+_KEPT_GROUPS: list = []
+
+
+class WeightedAllreduce:
+    """The hook's state: ``weight()`` is this rank's factor for the update under way; ``group``
+    the process group of the gradients (None: the default group)."""
+
+    def __init__(self, weight, group=None):
+        self.weight, self.group = weight, group
+
+
+def weighted_allreduce_hook(state: WeightedAllreduce, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``bucket * state.weight()``, all-reduced with SUM."""
+    tensor = bucket.buffer()
+    weight = float(state.weight())
+    if weight != 1.0:
+        tensor.mul_(weight)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 - torch's name, so a port changes one word
+    """``torch.nn.parallel.DistributedDataParallel(module, **ddp_options)`` for uneven batches: the
+    gradients are the mean over the whole global batch (:func:`weighted_allreduce_hook`), so the
+    update is the single-process update on it. ``balancer``: the Balancer whose loader
+    (:class:`bno_hvd.DataLoader`) feeds ``module``. Takes DDP's options (``device_ids``,
+    ``find_unused_parameters``, ``process_group``, ``gradient_as_bucket_view``, ...).
+
+    The learning rate is used as set (a strategy that changes the global batch, ``bno``, would
+    want it scaled: the Horovod drop-in's optimizer does that; here, scale it in the loop)."""
+    from bno_hvd.library.balancer import Balancer
+    from bno_hvd.processes.world import one_line_errors
+
+    one_line_errors()
+    if not isinstance(balancer, Balancer):
+        raise UsageError(f"DistributedDataParallel needs balancer=<the Balancer>, got {type(balancer).__name__}")
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        raise UsageError("pass the plain model: bno_hvd.DistributedDataParallel wraps it in torch's DDP itself")
+    if not dist.is_initialized():
+        raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group() first")
+    group = ddp_options.get("process_group")
+    if dist.get_world_size(group) != balancer.size:
+        raise UsageError(
+            f"the process group has {dist.get_world_size(group)} ranks but the balancer {balancer.size}; "
+            "the balancer's shares are over every rank of the job: use the default group"
+        )
+    ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
+    ddp.register_comm_hook(WeightedAllreduce(lambda: _weight(balancer), group), weighted_allreduce_hook)
+    _KEPT_GROUPS.append(ddp.process_group)
+    _StepEnds(balancer, ddp)
+    return ddp
+
+
+def loop_ddp(module, balancer, device_ids=None):
+    """DDP for bno-hvd's own loop (``--engine torch``), which weights each rank's loss itself: the
+    hook only sums (weight 1). Buffers stay each rank's own between updates, as with Horovod (DDP
+    would send rank 0's at every forward); the end of each backward pass ends the compute phase."""
+    ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
+    ddp.register_comm_hook(WeightedAllreduce(lambda: 1.0), weighted_allreduce_hook)
+    _StepEnds(balancer, ddp, check=False)
+    return ddp
+
+
+def _weight(balancer) -> float:
+    step = balancer.current_step
+    return 1.0 if step is None else step.weight  # None: refused in the forward already
+
+
+class _StepEnds:
+    """The balancer's side of a DDP model: a training forward must belong to a batch of the
+    balancer's loader (checked before DDP's first collective, on every rank alike), and the end
+    of each backward pass ends the compute phase (an autograd-engine callback queued by the
+    first gradient of the pass: it runs before DDP's own wait for the allreduce). The step itself
+    ends when the loader draws the next batch (:class:`bno_hvd.DataLoader`)."""
+
+    def __init__(self, balancer, ddp, check: bool = True):
+        self.balancer, self._queued = balancer, False
+        if check:
+            ddp.register_forward_pre_hook(self._check)
+        for p in ddp.module.parameters():
+            if p.requires_grad:
+                p.register_hook(self._first_gradient)
+
+    def _check(self, module, inputs):
+        if module.training and torch.is_grad_enabled() and self.balancer.current_step is None:
+            raise UsageError(
+                "a training forward for a batch that did not come from the balancer: build the loader with "
+                "bno_hvd.DataLoader(dataset, sampler=balancer, ...)"
+            )
+
+    def _first_gradient(self, grad):
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        return None
+
+    def _backward_done(self):
+        self._queued = False
+        self.balancer.mark_backward_end()

@@ -1,0 +1,116 @@
+"""The torch engine (``--engine torch``): torch.distributed in every rank instead of Horovod.
+
+Gradients go through ``DistributedDataParallel`` (:mod:`bno_hvd.library.ddp`; Gloo on CPUs,
+NCCL on GPUs); the control plane talks mpi4py under mpirun/srun, as with Horovod, and
+torch.distributed object collectives on a Gloo group of its own under torchrun
+(:class:`~bno_hvd.processes.torchcomm.TorchComm`). The training loop asks ``world.hvd`` for a
+few collectives besides the gradients' (the logged loss, the evaluation's sums, the initial
+broadcast); :class:`TorchCollectives` answers them with torch.distributed, so the loop is the
+same for both engines.
+
+Usage::
+
+    world = init_world(engine="torch")          # under torchrun, or mpirun/srun (bno_hvd.processes.world)
+    world.engine == "torch"; world.hvd.allreduce(tensor)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from bno_hvd.processes.heap import keep_freed_memory
+from bno_hvd.processes.mpienv import arrange_for_shared_cores
+
+
+class TorchCollectives:
+    """The Horovod calls bno-hvd's loop makes besides the gradients', over torch.distributed's
+    default group (every rank): sums (``op`` is always a sum there), asynchronous handles that
+    are polled, and rank 0's parameters and optimizer state sent to all. The gradients go through
+    DDP, so :meth:`DistributedOptimizer` leaves the optimizer as it is."""
+
+    Sum = "sum"
+    global_process_set = None  # no process sets: a rank never sits out with this engine
+
+    def __init__(self, comm):
+        import torch.distributed as dist
+
+        self._dist, self.comm = dist, comm
+        self._work: dict[int, tuple] = {}
+        self._next = 0
+
+    def rank(self) -> int:
+        return self._dist.get_rank()
+
+    def size(self) -> int:
+        return self._dist.get_world_size()
+
+    def allreduce(self, tensor, op=Sum, name=None):
+        out = tensor.clone()
+        self._dist.all_reduce(out)
+        return out
+
+    def allreduce_async(self, tensor, op=Sum, name=None, process_set=None) -> int:
+        return self.allreduce_async_(tensor.clone(), op, name)
+
+    def allreduce_async_(self, tensor, op=Sum, name=None) -> int:
+        handle, self._next = self._next, self._next + 1
+        self._work[handle] = (self._dist.all_reduce(tensor, async_op=True), tensor)
+        return handle
+
+    def poll(self, handle: int) -> bool:
+        return self._work[handle][0].is_completed()
+
+    def synchronize(self, handle: int):
+        work, tensor = self._work.pop(handle)
+        work.wait()
+        return tensor
+
+    def DistributedOptimizer(self, optimizer, named_parameters=None, op=None):  # noqa: N802 - Horovod's name
+        return optimizer
+
+    def broadcast_parameters(self, state: dict, root_rank: int = 0) -> None:
+        for tensor in state.values():
+            self._dist.broadcast(tensor, src=root_rank)
+
+    def broadcast_optimizer_state(self, optimizer, root_rank: int = 0) -> None:
+        mine = optimizer.state_dict() if self.comm.Get_rank() == root_rank else None
+        optimizer.load_state_dict(self.comm.bcast(mine, root=root_rank))
+
+
+def backend_for(device: str) -> str:
+    """NCCL where the ranks train on GPUs, Gloo on CPUs."""
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return "nccl" if cuda else "gloo"
+
+
+def start_torch(device: str = "auto") -> tuple:
+    """Start torch.distributed in this rank (under torchrun, or under mpirun/srun from the MPI
+    world: :func:`bno_hvd.processes.torchenv.init_process_group`). Returns what
+    :func:`bno_hvd.processes.world.init_world` makes the job's ``World`` of (``engine="torch"``):
+    ``(collectives, rank, size, local_rank, control_comm, monitor_comm, notes, backend)``."""
+    import torch.distributed as dist
+
+    from bno_hvd.processes.torchcomm import TorchComm
+    from bno_hvd.processes.torchenv import init_process_group
+
+    notes = [n for n in [arrange_for_shared_cores()] if n]
+    keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
+    backend = backend_for(device)
+    launch = init_process_group(backend)
+    if launch == "mpi":
+        from mpi4py import MPI
+
+        control, monitor = MPI.COMM_WORLD.Dup(), MPI.COMM_WORLD.Dup()
+    else:
+        control, monitor = TorchComm(), None  # no MPI: the latency probe (MPI ping-pong) is off
+    plane = "MPI" if launch == "mpi" else "Gloo (torch.distributed)"
+    notes.append(f"--engine torch: gradients by DistributedDataParallel over {backend}, the control plane on {plane}")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        for note in notes:
+            print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return TorchCollectives(control), rank, size, local_rank, control, monitor, notes, backend

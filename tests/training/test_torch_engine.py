@@ -1,0 +1,91 @@
+"""The torch engine: the control plane over torch.distributed (torchrun, no MPI), and ``bno-hvd
+train --engine torch`` (DistributedDataParallel with the weighting hook) under torchrun and under
+mpirun, against one process on the whole global batch."""
+
+import json
+
+import pytest
+import torch
+from support.checks import max_relative_difference
+from support.jobs import assert_ok, bno_cmd, mpirun, run_cli, torchrun
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [1, 4])
+def test_control_plane_over_torch_distributed(np_, tmp_path):
+    proc = torchrun(np_, ["tests/support/mpi_scripts/control_plane_torch.py", str(tmp_path)], timeout=300)
+    assert_ok(proc)
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted(r["rank"] for r in records) == list(range(np_))
+    assert all(r["failures"] == [] for r in records), records
+    assert len({tuple(r["sizes"]) for r in records}) == 1
+
+
+def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
+    args = [
+        "train",
+        "--engine",
+        "torch",
+        "--strategy",
+        "fixed",
+        "--batch-sizes",
+        batch_sizes,
+        "--updates",
+        "12",
+        "--momentum",
+        "0.9",
+        "--dtype",
+        "float64",
+        "--lr",
+        "0.01",
+        "--seed",
+        "7",
+        "--no-eval",
+        "--no-progress",
+        "--latency-interval",
+        "0",
+        "--save-model",
+        str(path),
+        "--log-dir",
+        str(tmp_path / f"log-{launcher}-{np_}"),
+        *extra,
+    ]
+    if launcher == "torchrun":
+        proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=400)
+    else:
+        proc = mpirun(np_, bno_cmd(*args), timeout=400)
+    assert_ok(proc)
+    return proc, torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_train_with_the_torch_engine_equals_one_process(launcher, tmp_path, fashion_available):
+    """Uneven ranks, three of them over their memory caps (5 -> 4+1, 11 -> 4+4+3, 13 -> 5+5+3
+    samples: DDP's allreduce waits for each rank's last pass), equal one process on all 32."""
+    caps = ["--max-batch", "4,4,16,5"]
+    proc, multi = train(launcher, 4, "5,11,3,13", tmp_path / "multi.pt", tmp_path, caps)
+    _, single = train(launcher, 1, "32", tmp_path / "single.pt", tmp_path)
+    diff = max_relative_difference(multi, single)
+    print(f"--engine torch under {launcher}: max relative difference {diff:.3e}")
+    assert diff <= 1e-9
+    run = json.loads((tmp_path / f"log-{launcher}-4" / "run.json").read_text())
+    assert run["collectives"] == "gloo" and run["world_size"] == 4
+    plane = "MPI" if launcher == "mpirun" else "Gloo (torch.distributed)"
+    assert f"gradients by DistributedDataParallel over gloo, the control plane on {plane}" in proc.stderr
+
+    from bno_hvd.data.models import build_model
+
+    torch.manual_seed(7)
+    init = build_model("cnn").to(torch.float64).state_dict()
+    assert max_relative_difference(single, init) > 1e-3  # training moved the parameters
+
+
+@pytest.mark.slow
+def test_the_torch_engine_refuses_sit_out_in_one_line():
+    proc = run_cli("train", "--engine", "torch", "--strategy", "balanced:sit_out=2", "--dry-run")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "bno-hvd: error: --engine torch: a rank cannot sit an update out (DDP reduces over every rank); "
+        "drop sit_out= from --strategy (the torch engine never sits a rank out) or use --engine horovod"
+    ]

@@ -10,6 +10,8 @@ import re
 import pytest
 from support.jobs import mpirun, python_cmd
 
+pytestmark = pytest.mark.mpi
+
 SCRIPT = "tests/support/mpi_scripts/api_errors.py"
 # each rank's command: the script, then its exit code (the shell exits 0, so mpirun waits for all)
 WRAP = 'python=$1; shift; "$python" "$@"; echo "rank $OMPI_COMM_WORLD_RANK exit $?"'

@@ -31,7 +31,9 @@ def refused(err: Exception) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
+# session scope: made once per pytest process, whatever order a parallel run gives the tests
+# (module scope made it twice in one xdist worker, the second on the first's subnet)
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     reason = unavailable_reason()
     if reason:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from support.jobs import FASHION_DIR, ROOT
+from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG
 
 TORCH = "torch==2.13.0"
 DEPS = ["click", "psutil", "numpy", "tqdm"]
@@ -31,6 +31,7 @@ def in_venv(venv, *args, cwd):
 
 @pytest.mark.slow
 @pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
 def test_a_venv_with_torch_alone_runs_the_torch_engine(tmp_path, fashion_available):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)

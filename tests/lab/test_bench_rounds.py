@@ -103,11 +103,11 @@ def test_a_quota_schedule_keeps_its_place_among_the_timed_updates(tmp_path):
 def test_a_profile_with_limits_set_outside(tmp_path):
     # ranks started inside cgroups made by the suite, as a container would: every rank reads its
     # limit (reported at each rebalance), and nothing is left behind
-    before = our_cgroups()
+    before = our_cgroups(suite=True)
     args = ["bench", "--suite", "real", "--profiles", "outside-levels-10ms", "--strategies", "equal,fixed"]
     proc = run_cli(*args, "--updates", "12", "--warmup", "4", "--rounds", "2", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wait_until_gone(before) == before
+    assert wait_until_gone(before, suite=True) == before
     suite = json.loads((tmp_path / "suite.json").read_text())
     assert [r["profile"] for r in suite] == ["outside-levels-10ms"] and suite[0]["label"].startswith("REAL")
     assert suite[0]["strategies"]["fixed"]["final_batch_sizes"] == hand_split(BY_NAME["outside-levels-10ms"])

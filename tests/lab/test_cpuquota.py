@@ -194,7 +194,7 @@ def test_a_schedule_changes_the_quota_during_the_run(tmp_path):
 @needs_cgroups
 @pytest.mark.parametrize("fault,code", [("nan-loss:1:6", 1), ("kill:2:8", None)])
 def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
-    before = our_cgroups(suite=False)  # --cpu-quota's groups (a parallel suite test may make its own)
+    before = our_cgroups()
     proc = mpirun(
         4,
         bno_cmd(*RUN, "--updates", "40", "--cpu-quota", QUOTAS, "--inject-fault", fault, "--num-workers", "1"),
@@ -202,7 +202,7 @@ def test_cgroups_are_removed_after_a_failure_and_a_kill(fault, code, tmp_path):
     )
     assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert wait_until_gone(before, suite=False) == before  # the reaper removed the killed rank's group too
+    assert wait_until_gone(before) == before  # the reaper removed the killed rank's group too
 
 
 def run_python(script):

@@ -16,7 +16,7 @@ import re
 import pytest
 import torch
 from support.checks import max_relative_difference
-from support.jobs import FASHION_DIR, ROOT, assert_ok, mpirun, python_cmd, torchrun
+from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, assert_ok, mpirun, python_cmd, torchrun
 from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
 
@@ -78,6 +78,7 @@ def test_the_ddp_twin_and_the_example_keep_every_lint_and_format_rule():
 
 
 @pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
 def test_the_plain_ddp_twin_trains_under_torchrun(tmp_path, fashion_available):
     """The 'before' of the port is a working DDP script: DistributedSampler's even split."""
     data = write_fashion_subset(tmp_path / "data", FASHION_DIR, train=1024, test=256)
@@ -102,7 +103,7 @@ def one_process(tmp_path_factory, fashion_available):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=TORCHRUN_EXIT_HANG), "mpirun"])
 def test_the_ddp_port_on_4_uneven_ranks_equals_one_process(launcher, tmp_path, one_process):
     data, (single_proc, single, single_sizes) = one_process
     four = [*ARGS, "--data-dir", data, "--batch-size", "32", "--lr", "0.01", "--rebalance-every", "2"]

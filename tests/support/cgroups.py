@@ -24,15 +24,15 @@ def needs_cgroups(test):
     return pytest.mark.root(pytest.mark.skipif(reason is not None, reason=f"no writable cgroups: {reason}")(test))
 
 
-def our_cgroups(suite=True):
-    """bno-hvd's cgroups now; ``suite=False`` leaves out the suite profiles' ``bno-hvd-suite-*``
-    (made by ``bench --suite``, which another test of a parallel run may be running)."""
+def our_cgroups(suite=False):
+    """bno-hvd's cgroups now, without the suite profiles' ``bno-hvd-suite-*`` unless ``suite``: only
+    ``bench --suite`` makes those, and a parallel run may be running it beside the caller."""
     place = find_place()
     names = sorted(n for n in os.listdir(place.parent) if n.startswith("bno-hvd-"))
     return [n for n in names if suite or not n.startswith("bno-hvd-suite-")]
 
 
-def wait_until_gone(before, seconds=60, suite=True):
+def wait_until_gone(before, seconds=60, suite=False):
     deadline = time.time() + seconds
     while time.time() < deadline and our_cgroups(suite) != before:
         time.sleep(0.2)

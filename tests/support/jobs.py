@@ -4,11 +4,20 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bno_hvd.cli import launching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.dirname(sys.executable)
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+# A rank of a torchrun job on Gloo can hang in its exit after its work is done (seen here on the
+# 2-core machine, also with the plain DDP twin, which holds no bno-hvd code): tolerated as an
+# expected failure, and only as a timeout, until that hang is settled (issue 39). A wrong result,
+# an error or a traceback still fails the test.
+TORCHRUN_EXIT_HANG = pytest.mark.xfail(
+    raises=subprocess.TimeoutExpired, strict=False, reason="a torchrun rank may hang at exit (Gloo teardown)"
+)
 
 
 def mpi_env(extra=None):

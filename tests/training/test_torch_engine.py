@@ -14,7 +14,7 @@ from support.jobs import TORCHRUN_EXIT_HANG, assert_ok, bno_cmd, mpirun, run_cli
 @TORCHRUN_EXIT_HANG
 @pytest.mark.parametrize("np_", [1, 4])
 def test_control_plane_over_torch_distributed(np_, tmp_path):
-    proc = torchrun(np_, ["tests/support/mpi_scripts/control_plane_torch.py", str(tmp_path)], timeout=300)
+    proc = torchrun(np_, ["tests/support/mpi_scripts/control_plane_torch.py", str(tmp_path)], timeout=180)
     assert_ok(proc)
     records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in records) == list(range(np_))
@@ -52,7 +52,7 @@ def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
         *extra,
     ]
     if launcher == "torchrun":
-        proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=400)
+        proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=180)
     else:
         proc = mpirun(np_, bno_cmd(*args), timeout=400)
     assert_ok(proc)

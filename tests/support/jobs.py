@@ -45,10 +45,30 @@ def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
 
 def torchrun(np_, args, *, timeout=300, env=None):
     """Run the Python script ``args[0]`` with ``args[1:]`` on ``np_`` local ranks under torchrun (a
-    rendezvous of its own on a free port: ``--standalone``); returns CompletedProcess."""
+    rendezvous of its own on a free port: ``--standalone``); returns CompletedProcess. On a timeout
+    torchrun and every process under it are killed (a rank hung at exit would outlive torchrun)."""
+    import psutil
+
     cmd = [os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc-per-node", str(np_)]
     run_env = mpi_env({"OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=run_env, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in [*tree, proc]:
+            try:
+                p.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def python_cmd(*args):

@@ -133,6 +133,21 @@ def test_second_cluster_on_a_taken_subnet_is_refused(cluster):
     assert other.destroy() == []
 
 
+def test_a_cluster_left_by_a_killed_run_is_reclaimed(cluster):
+    """A killed run cannot remove its cluster; the next run removes it (its maker is gone), once."""
+    live = {int(p) % 100000 for p in os.listdir("/proc") if p.isdigit()}
+    dead = next(n for n in range(99999, 0, -1) if n not in live)
+    subnet = "10.213.8"  # the session's cluster holds 10.213.7
+    left, mine = NetnsCluster(f"bno{dead}", subnet=subnet), NetnsCluster(f"bnx{os.getpid() % 100000}", subnet=subnet)
+    try:
+        left.create()
+        assert left.leftovers()  # it stands, as a killed run would leave it
+        mine.create()
+        assert left.leftovers() == [] and len(mine.leftovers()) == 5
+    finally:
+        assert left.destroy() == [] and mine.destroy() == []
+
+
 def test_four_ranks_across_two_hosts(cluster, tmp_path):
     metrics = probe(cluster, tmp_path / "metrics.json")
     lat = np.array(metrics["latency"])

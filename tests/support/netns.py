@@ -4,7 +4,8 @@ Each host is a namespace with one veth whose other end sits on a bridge in the r
 the bridge has an address too, so mpirun (in the root namespace) reaches the daemons it starts
 in the hosts (``launch/netns-agent``). ``limit_rate`` puts a real ``tbf`` rate limit on a host's
 link. Everything is removed by :meth:`NetnsCluster.destroy`, which is safe to call at any point,
-also after a half-finished :meth:`create`.
+also after a half-finished :meth:`create`; a cluster left by a killed run (its maker's process
+is gone) is removed by the next :meth:`create` on its subnet.
 
 Usage::
 
@@ -51,6 +52,26 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def owner_alive(prefix: str) -> bool:
+    """Whether the process that made cluster ``<letters><pid % 100000>`` may still run.
+
+    True when a live Python process has a pid with those last digits (or the prefix holds no
+    pid): only a cluster whose maker is surely gone is ever reclaimed.
+    """
+    digits = prefix.lstrip("abcdefghijklmnopqrstuvwxyz")
+    if not digits.isdigit():
+        return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) % 100000 == int(digits):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if b"python" in fh.read():
+                        return True
+            except OSError:
+                continue
+    return False
+
+
 class NetnsCluster:
     """``hosts`` namespaces ``<prefix>h<i>`` at ``<subnet>.<i+1>``, bridge ``<prefix>br`` at ``<subnet>.254``."""
 
@@ -65,11 +86,12 @@ class NetnsCluster:
         self.cidr = f"{subnet}.0/24"
 
     def create(self) -> NetnsCluster:
-        taken = [
-            line.split()[1]
-            for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
-            if f" {self.subnet}." in line
-        ]
+        taken = self._subnet_devices()
+        stale = {dev[:-2] for dev in taken if dev.endswith("br") and not owner_alive(dev[:-2])}
+        for prefix in stale:  # a killed run could not remove its cluster: its owner is gone, so remove it now
+            NetnsCluster(prefix, self.subnet, self.n).destroy()
+        if stale:
+            taken = self._subnet_devices()
         if taken:  # a second bridge on the subnet would make the routes to the hosts ambiguous
             namespaces = run("ip", "netns", "list", check=False).stdout.split()
             cleanup = "; ".join(f"ip link del {dev}" for dev in taken)
@@ -97,6 +119,13 @@ class NetnsCluster:
             run("ip", "link", "set", link, "up")
         self._wait_reachable()
         return self
+
+    def _subnet_devices(self) -> list[str]:
+        return [
+            line.split()[1]
+            for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
+            if f" {self.subnet}." in line
+        ]
 
     def _wait_reachable(self, timeout: float = 10.0) -> None:
         """Each host connects over TCP to a listener on the bridge address (there is no ping here)."""

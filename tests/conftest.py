@@ -51,7 +51,7 @@ def kill_and_resume(tmp_path):
 
 # One real 2-rank experiment (EMULATED speeds 1 and 0.5, equal and balanced, 20 updates) whose
 # outputs test_experiment.py, test_stragglers.py and test_fuzz_report.py read (copies, never the
-# original). Under pytest-xdist they share the group "serial", so it runs once.
+# original). They are marked alone: launch/test runs them in its one-process phase, so it runs once.
 TINY_EXPERIMENT = [
     "--models",
     "cnn",

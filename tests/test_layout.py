@@ -212,16 +212,19 @@ def test_the_public_imports_users_write_keep_working():
     assert all(getattr(bno_hvd, name) is not None for name in bno_hvd.__all__ if name != "__version__")
 
 
-def test_the_tiers_are_the_registered_markers_and_launch_test_fast_runs_the_rest():
+def test_the_tiers_are_the_registered_markers_and_launch_test_runs_them_in_its_phases():
     import configparser
 
-    from support.tiers import FAST, TIERS
+    from support.tiers import ALONE, FAST, PARALLEL, TIERS
 
     pytest_cfg = configparser.ConfigParser()
     pytest_cfg.read(os.path.join(ROOT, "setup.cfg"))
     markers = [line.split(":")[0] for line in pytest_cfg["tool:pytest"]["markers"].strip().splitlines()]
-    assert tuple(markers) == TIERS and "--strict-markers" in pytest_cfg["tool:pytest"]["addopts"]
-    assert f'-m "{FAST}"' in open(os.path.join(ROOT, "launch", "test")).read()
+    assert tuple(markers) == (*TIERS, "alone") and "--strict-markers" in pytest_cfg["tool:pytest"]["addopts"]
+    assert set(ALONE) <= set(markers)
+    script = open(os.path.join(ROOT, "launch", "test")).read()
+    # --fast, then the two phases: the rest on two workers, then what must run alone
+    assert f'-m "{FAST}"' in script and f'-m "{PARALLEL}"' in script and f'-m "not ({PARALLEL})"' in script
 
 
 def test_an_unmarked_test_that_starts_a_process_fails_even_if_it_catches_the_error(pytester):

@@ -29,7 +29,7 @@ from bno_hvd.lab.report import format_summary
 from bno_hvd.training.results import UpdateRecord, steps_from_json
 
 # the compute-balance gain under EMULATED speeds depends on speed: one test after another (tiers.py)
-pytestmark = pytest.mark.xdist_group("serial")
+pytestmark = pytest.mark.alone
 
 # five updates: times 1,2,3,4,5 s back to back (so `time` is the running sum), batches 10,10,20,20,20
 RECORDS = [

@@ -26,8 +26,8 @@ from support.fuzz_surfaces import CI_EXAMPLES
 from bno_hvd.lab.averages import SUMMARY_COLUMNS
 from bno_hvd.lab.report import write_experiment_report
 
-# reads the experiment shared with test_experiment.py (conftest.py): its group, so it runs once
-pytestmark = pytest.mark.xdist_group("serial")
+# reads the experiment shared with test_experiment.py (conftest.py); its outcome depends on speed: runs alone
+pytestmark = pytest.mark.alone
 
 RUNS = ("equal", "balanced")
 EXAMPLES = int(os.environ.get("BNO_FUZZ_REPORT_EXAMPLES", CI_EXAMPLES // 3))  # each writes CSVs and PNGs

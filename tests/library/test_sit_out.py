@@ -16,7 +16,7 @@ from support.checks import max_relative_difference
 from support.jobs import assert_ok, bno_cmd, horovodrun
 
 # outcome depends on speed (a rank 5x slower sits out): runs alone, one test after another (tiers.py)
-pytestmark = [pytest.mark.mpi, pytest.mark.xdist_group("serial")]
+pytestmark = [pytest.mark.mpi, pytest.mark.alone]
 
 COMMON = ("--updates", "30", "--optimizer", "adam", "--dtype", "float64", "--lr", "0.01", "--seed", "5")
 COMMON += ("--base-batch-size", "8", "--no-eval", "--no-progress", "--latency-interval", "0")

@@ -10,6 +10,7 @@ Usage (under horovodrun/mpirun/torchrun): ``python tests/support/run_port.py OUT
   rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``).
 """
 
+import gc
 import gzip
 import json
 import os
@@ -52,13 +53,19 @@ def main() -> None:
             if module.training:
                 seen["sizes"].append(int(inputs[0].shape[0]))
 
-    torch.nn.modules.module.register_module_forward_hook(note)
+    handle = torch.nn.modules.module.register_module_forward_hook(note)
     runpy.run_path(script, run_name="__main__")
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))  # mpirun's, torchrun's
     with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
         json.dump(seen["sizes"], fh)
     if rank == 0:
         torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
+    # hold nothing of the run into the interpreter's exit: a model whose parameters still carry the
+    # autograd state of a finished DDP run, freed during finalization, is one way torch's threads meet
+    # a GIL being torn down (pytorch/pytorch#190489); the example itself frees everything in main()
+    seen.clear()
+    handle.remove()
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -68,19 +68,18 @@ def is_marked(item) -> bool:
     return any(item.get_closest_marker(m) for m in TIERS)
 
 
-# --- running in parallel (launch/test: pytest-xdist, --dist loadgroup) ------------------------
-# A test file is one unit of work (its module-scoped jobs run once), except the group "serial":
-# the tests that use cgroups or Slurm, or whose outcome depends on speed (they say so with
-# pytest.mark.xdist_group("serial")), run one after another on one worker. Units start in
-# the order serial, mpi, root, slurm, slow, the rest: the longest first, the many short ones
-# fill the end.
-SERIAL = ("root", "slurm")
+# --- running in parallel (launch/test) ---------------------------------------------------------
+# launch/test runs the suite in two phases: first every test that may share the machine, on two
+# pytest-xdist workers (--dist loadgroup: a test file is one unit of work, so its module-scoped
+# jobs run once; modules that share a session fixture name one xdist_group), then the tests that
+# may not (ALONE: cgroups, namespaces, Slurm, or an outcome that depends on speed) one after
+# another with nothing beside them. Units start longest first: mpi, slurm, slow, the rest.
+ALONE = ("root", "slurm", "alone")
+PARALLEL = " and ".join(f"not {m}" for m in ALONE)  # phase 1: -m "$PARALLEL"; phase 2: the rest
 
 
 def _unit_rank(item) -> int:
-    if _group(item) == "serial":
-        return 0
-    return next((1 + i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS) + 1)
+    return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
 
 
 def _group(item):
@@ -94,8 +93,7 @@ def pytest_collection_modifyitems(config, items):
         return
     for item in items:
         if _group(item) is None:
-            serial = any(item.get_closest_marker(m) for m in SERIAL)
-            item.add_marker(pytest.mark.xdist_group("serial" if serial else item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     units = {}
     for item in items:
         units.setdefault(_group(item), []).append(item)

@@ -13,8 +13,8 @@ from bno_hvd.lab.plots import plot_stragglers
 from bno_hvd.library.timing import RankStep
 from bno_hvd.training.stragglers import block_means, straggler_timeline, waited_seconds
 
-# reads the experiment shared with test_experiment.py (conftest.py): its group, so it runs once
-pytestmark = pytest.mark.xdist_group("serial")
+# reads the experiment shared with test_experiment.py (conftest.py); its outcome depends on speed: runs alone
+pytestmark = pytest.mark.alone
 
 BLUE, ORANGE = (0.122, 0.467, 0.706), (1.0, 0.498, 0.055)  # compute, waited (matplotlib tab:blue, tab:orange)
 

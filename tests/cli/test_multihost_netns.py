@@ -105,6 +105,14 @@ def probe(net, out_path):
     return json.loads(out_path.read_text())
 
 
+@pytest.fixture(scope="module")
+def unlimited(cluster, tmp_path_factory):
+    """One probe of the unlimited links (its metrics file): shared by the two tests that need one."""
+    path = tmp_path_factory.mktemp("probe") / "metrics.json"
+    probe(cluster, path)
+    return path
+
+
 def cross_and_local(latency):
     """Mean NL over pairs across the two hosts, and over pairs inside host 1 (ranks 2, 3)."""
     lat = np.array(latency)
@@ -148,12 +156,12 @@ def test_a_cluster_left_by_a_killed_run_is_reclaimed(cluster):
         assert left.destroy() == [] and mine.destroy() == []
 
 
-def test_four_ranks_across_two_hosts(cluster, tmp_path):
-    metrics = probe(cluster, tmp_path / "metrics.json")
+def test_four_ranks_across_two_hosts(cluster, unlimited, tmp_path):
+    metrics = json.loads(unlimited.read_text())
     lat = np.array(metrics["latency"])
     assert lat.shape == (4, 4) and len(metrics["ops"]) == 4 and len(metrics["memory_used"]) == 4
     assert np.all(np.diag(lat) == 0) and np.all(lat[~np.eye(4, dtype=bool)] > 0)
-    alloc = run_cli("allocate", "--metrics", str(tmp_path / "metrics.json"), "--strategy", "bno")
+    alloc = run_cli("allocate", "--metrics", str(unlimited), "--strategy", "bno")
     assert_ok(alloc)
     assert len(json.loads(alloc.stdout)["batch_sizes"]) == 4
 
@@ -169,7 +177,7 @@ def test_four_ranks_across_two_hosts(cluster, tmp_path):
             "--base-batch-size",
             "16",
             "--updates",
-            "20",
+            "10",
             "--rebalance-every",
             "5",
             "--latency-interval",
@@ -184,15 +192,15 @@ def test_four_ranks_across_two_hosts(cluster, tmp_path):
     run = json.loads((log_dir / "run.json").read_text())
     assert run["world_size"] == 4
     records = [json.loads(line) for line in (log_dir / "updates.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in records] == list(range(20))
+    assert [r["update"] for r in records] == list(range(10))
     assert all(len(r["batch_sizes"]) == 4 and min(r["batch_sizes"]) >= 1 for r in records)
     assert any(r["batch_sizes"] != [16] * 4 for r in records[5:])  # eq. (5) allocated for all 4 ranks
     memory = [r["rank_memory"] for r in records if r.get("rank_memory")]
     assert memory and all(len(m) == 4 and all(v > 0 for v in m) for m in memory)
 
 
-def test_rate_limit_on_one_host_raises_its_cross_host_latency(cluster, tmp_path):
-    before = probe(cluster, tmp_path / "before.json")
+def test_rate_limit_on_one_host_raises_its_cross_host_latency(cluster, unlimited, tmp_path):
+    before = json.loads(unlimited.read_text())
     try:
         cluster.limit_rate(1, RATE)
     except NetnsError as err:

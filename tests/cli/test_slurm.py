@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
 BATCH = os.path.join(ROOT, "launch", "slurm.sbatch")
 HETJOB = os.path.join(ROOT, "launch", "slurm-hetjob.sbatch")
-SHORT_RUN = ["--dataset", "synthetic", "--updates", "20", "--base-batch-size", "8", "--latency-interval", "0"]
+SHORT_RUN = ["--dataset", "synthetic", "--updates", "10", "--base-batch-size", "8", "--latency-interval", "0"]
 SHORT_RUN += ["--no-progress"]
 # Each job's processes start with this environment (sbatch exports it): one torch thread per rank.
 JOB_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -54,7 +54,7 @@ def train_records(log_dir):
     return run, updates
 
 
-def assert_trained(job, log_dir, world_size=4, updates=20):
+def assert_trained(job, log_dir, world_size=4, updates=10):
     assert job.exit_code == 0, f"job {job.job_id} exit {job.exit_code}:\n{job.output[-4000:]}\n{job.sbatch_stderr}"
     assert re.search(rf"^test accuracy: [0-9.]+ .* after {updates} updates", job.output, re.M), job.output[-4000:]
     run, records = train_records(log_dir)

@@ -74,7 +74,7 @@ TINY_EXPERIMENT = [
     "--emulate-speed",
     "1,0.5",
     "--emulate-rate",
-    "100",  # 160 / 320 ms per update: far above the CNN's own compute, also on a busy machine
+    "200",  # 80 / 160 ms per update: far above the CNN's own compute, also on a busy machine
     "--latency-interval",
     "1",
 ]

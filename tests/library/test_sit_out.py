@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 from support.checks import max_relative_difference
-from support.jobs import assert_ok, bno_cmd, horovodrun
+from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
 
 # outcome depends on speed (a rank 5x slower sits out): runs alone, one test after another (tiers.py)
 pytestmark = [pytest.mark.mpi, pytest.mark.alone]
@@ -69,9 +69,9 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
     assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back)
 
     single = tmp_path / "single.pt"
-    solo = bno_cmd("train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(single), *COMMON)
+    solo = ["train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(single), *COMMON]
     solo[solo.index("--base-batch-size") + 1] = "32"
-    assert_ok(horovodrun(1, solo, timeout=300))
+    assert_ok(run_cli(*solo, timeout=300))  # one plain process: no launcher to start
     a, b = torch.load(tmp_path / "multi.pt", weights_only=True), torch.load(single, weights_only=True)
     diff = max_relative_difference(a, b)
     print(f"sat out and came back: max relative difference {diff:.3e}")

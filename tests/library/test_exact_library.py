@@ -1,9 +1,11 @@
 """Exact BatchNorm through the library, and the loss scale of a rank back from sitting out
-(``tests/support/mpi_scripts/exact_cases.py`` runs each case on 4 ranks and on 1).
+(``tests/support/mpi_scripts/exact_cases.py`` runs every case in one job on 4 ranks, every
+reference in one job on 1 process; the module's tests read their cases' results). The 4-rank
+job's last case, the MLP's drop-in without ``bno.exact``, must end it in torch's refusal.
 
 - the drop-in (``bno.DataLoader``, ``bno.DistributedOptimizer``, ``bno.exact``): torchvision's
-  ``resnet18`` and an MLP with ``BatchNorm1d``, a split that changes every 2 updates with a rank at
-  1 sample, equal one process within 1e-10 (parameters and running statistics, float64); without
+  ``resnet18`` (6 updates) and an MLP with ``BatchNorm1d`` (12), a split that changes every 2
+  updates with a rank at 1 sample, equal one process within 1e-10 (parameters and running statistics, float64); without
   ``bno.exact`` the MLP's BatchNorm1d refuses the rank's batch of 1 (``bno-hvd train`` with
   ``--local-batchnorm`` shows how far off resnet18 is: ``test_exact_batchnorm.py``);
 - a rank that sits out (0 samples, so it runs no forward: the BatchNorm allreduces run over the
@@ -14,6 +16,7 @@
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,40 +34,62 @@ def data(tmp_path_factory, fashion_available):
     return write_fashion_subset(tmp_path_factory.mktemp("fashion"), FASHION_DIR, train=1000, test=10)
 
 
-def run(np_, out, mode, model, data, *extra):
+FOUR = ["dropin:resnet18", "dropin:mlp", "sitout:mlp", "float16:mlp", "bfloat16:mlp"]
+ONE = ["dropin:resnet18:plain", "dropin:mlp:plain", "sitout:mlp"]  # the references: torch's own BatchNorm
+REFUSED = "Expected more than 1 value per channel when training"  # torch's BatchNorm1d, a rank at 1 sample
+
+
+def run_job(np_, out, data, cases):
     out.mkdir()
-    proc = mpirun(np_, python_cmd(SCRIPT, mode, model, data, str(out), *extra), timeout=600)
+    proc = mpirun(np_, python_cmd(SCRIPT, data, str(out), *cases), timeout=600)
+    done = [c for c in cases if (out / c.replace(":", "-") / "updates.json").exists()]
+    assert done == [c for c in cases if not c.endswith(":plain") or np_ == 1], proc.stderr[-4000:]
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def four(data, tmp_path_factory):
+    return run_job(4, tmp_path_factory.mktemp("exact") / "four", data, [*FOUR, "dropin:mlp:plain"])
+
+
+@pytest.fixture(scope="module")
+def one(data, tmp_path_factory):
+    out, proc = run_job(1, tmp_path_factory.mktemp("exact") / "one", data, ONE)
     assert_ok(proc)
     assert "Traceback" not in proc.stderr
-    rows = json.loads((out / "updates.json").read_text())
-    return torch.load(out / "model.pt", weights_only=True), rows
+    return out
+
+
+def result(job, case):
+    out = job if isinstance(job, Path) else job[0]
+    where = out / case.replace(":", "-")
+    return torch.load(where / "model.pt", weights_only=True), json.loads((where / "updates.json").read_text())
 
 
 def running_stats(state):
     return {k: v for k, v in state.items() if "running_" in k}
 
 
-@pytest.mark.parametrize("model", ["resnet18", "mlp"])
-def test_the_drop_in_with_exact_batchnorm_equals_one_process(model, data, tmp_path):
-    four, rows = run(4, tmp_path / "four", "dropin", model, data)
-    one, _ = run(1, tmp_path / "one", "dropin", model, data, "--plain")  # torch's own BatchNorm
+@pytest.mark.parametrize("model,updates", [("resnet18", 6), ("mlp", 12)])
+def test_the_drop_in_with_exact_batchnorm_equals_one_process(model, updates, four, one):
+    proc = four[1]
+    four, rows = result(four, f"dropin:{model}")
+    one, _ = result(one, f"dropin:{model}:plain")
     sizes = [r["sizes"] for r in rows]
-    assert len(sizes) == 12 and all(1 in s and sum(s) == 16 for s in sizes) and len({tuple(s) for s in sizes}) >= 5
+    assert len(sizes) == updates and all(1 in s and sum(s) == 16 for s in sizes)
+    assert len({tuple(s) for s in sizes}) == updates // 2, sizes  # a new split every 2 updates
     assert all(max(r["diff"]) == 0 for r in rows)  # every rank holds the same state after every update
     diff = max_relative_difference(four, one)
     stats = max_relative_difference(running_stats(four), running_stats(one))
     print(f"drop-in {model}: 4 ranks vs 1 process {diff:.2e} (running statistics {stats:.2e})")
     assert running_stats(one) and diff <= 1e-10 and stats <= 1e-10
-    if model == "mlp":  # without bno.exact, the rank at 1 sample cannot even train
-        (tmp_path / "plain").mkdir()
-        args = python_cmd(SCRIPT, "dropin", model, data, str(tmp_path / "plain"), "--plain")
-        plain = mpirun(4, args, timeout=600)
-        assert plain.returncode != 0 and "Expected more than 1 value per channel when training" in plain.stderr
+    if model == "mlp":  # without bno.exact, the rank at 1 sample cannot even train: the job's last case
+        assert proc.returncode != 0 and REFUSED in proc.stderr, proc.stderr[-4000:]
 
 
-def test_a_rank_sits_out_with_exact_batchnorm_and_training_stays_exact(data, tmp_path):
-    four, rows = run(4, tmp_path / "four", "sitout", "mlp", data)
-    one, _ = run(1, tmp_path / "one", "sitout", "mlp", data)
+def test_a_rank_sits_out_with_exact_batchnorm_and_training_stays_exact(four, one):
+    four, rows = result(four, "sitout:mlp")
+    one, _ = result(one, "sitout:mlp")
     out = [u for u, r in enumerate(rows[:-1]) if r["sizes"][3] == 0]
     assert len(out) >= 4 and 1 in [r["sizes"][3] for r in rows[max(out) + 1 :]], [r["sizes"] for r in rows]
     assert all(not r["computed"][3] for r in rows if r["sizes"][3] == 0)
@@ -77,8 +102,8 @@ def test_a_rank_sits_out_with_exact_batchnorm_and_training_stays_exact(data, tmp
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_loss_scale_travels_with_a_rank_back_from_sitting_out(dtype, data, tmp_path):
-    _, rows = run(4, tmp_path / "four", dtype, "mlp", data)
+def test_the_loss_scale_travels_with_a_rank_back_from_sitting_out(dtype, four):
+    _, rows = result(four, f"{dtype}:mlp")
     out = [u for u, r in enumerate(rows[:-1]) if r["sizes"][3] == 0]
     assert out and max(out) + 1 < len(rows) - 1
     scales = [r["scales"][0] for r in rows]

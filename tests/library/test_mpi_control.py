@@ -8,11 +8,11 @@ from support.jobs import assert_ok, horovodrun, mpirun, python_cmd
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("np_", [1, 4])
-def test_weighted_allreduce_matches_closed_form(np_):
-    proc = horovodrun(np_, python_cmd("tests/support/mpi_scripts/weighted_allreduce.py"), timeout=240)
+def test_weighted_allreduce_matches_closed_form():
+    """4 ranks (on one rank every sample is 0: the closed form would hold with any weight)."""
+    proc = horovodrun(4, python_cmd("tests/support/mpi_scripts/weighted_allreduce.py"), timeout=240)
     assert_ok(proc)
-    assert proc.stdout.count("ok=True") == np_
+    assert proc.stdout.count("ok=True") == 4
 
 
 @pytest.mark.parametrize("np_", [1, 4])

@@ -9,7 +9,11 @@ sample has an empty pass). One update's ``step()`` is skipped after ``synchroniz
 GradScaler does on an overflow): the update still ends when the next batch is drawn.
 ``len(loader)`` must be the number of batches each ``for`` yields.
 
-The other cases are refusals: each must end the job with one ``bno-hvd: error:`` line.
+``refusals``: what cannot be exact, one refusal after another in one job (a job's start-up costs
+more than its case): each of :data:`REFUSALS` but the last must raise a one-line ``UsageError``
+that every rank raises alike (exit code 2, no rank of its own), which each rank prints; the last
+is not caught: it must end the job with one ``bno-hvd: error:`` line.
+The other cases end the job as a script would.
 """
 
 import sys
@@ -21,8 +25,10 @@ from torch.utils.data import TensorDataset
 
 import bno_hvd as bno
 from bno_hvd.allocation.sampler import UnevenSampler
+from bno_hvd.common.errors import UsageError
 
 N, B, SEED = 50, 4, 3
+REFUSALS = ["adasum", "predivide", "torch-loader", "foreign-loader"]
 
 
 def say(line: str) -> None:
@@ -142,10 +148,41 @@ def run_adasum_on_even_batches(dataset):
     return [] if bal.update == 3 and torch.isfinite(model.weight).all() else [f"adasum: {bal.update} updates"]
 
 
+def refuse(case, dataset):
+    """Do what ``case`` names, which bno-hvd must refuse."""
+    bal = bno.Balancer.for_world(dataset, B, "balanced", seed=SEED)
+    model = torch.nn.Linear(3, 1, bias=False).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if case == "adasum":
+        bno.DistributedOptimizer(opt, balancer=bal, op=hvd.Adasum)
+    elif case == "predivide":
+        bno.DistributedOptimizer(opt, balancer=bal, gradient_predivide_factor=2.0)
+    elif case == "torch-loader":  # the balancer handed to torch's DataLoader as its sampler
+        for _batch in torch.utils.data.DataLoader(dataset, batch_size=B, sampler=bal):
+            pass
+    elif case == "foreign-loader":  # the drop-in optimizer fed by a loader the balancer did not make
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
+        opt = bno.DistributedOptimizer(opt, balancer=bal, named_parameters=model.named_parameters())
+        for x, t in torch.utils.data.DataLoader(dataset, batch_size=B, sampler=sampler):
+            opt.zero_grad()
+            ((model(x).reshape(-1) - t) ** 2).mean().backward()
+            opt.step()
+    say(f"rank {hvd.rank()}: case {case} was not refused")
+
+
 def main(case):
     hvd.init()
     torch.set_num_threads(1)
     dataset = data()
+    if case == "refusals":
+        for name in REFUSALS[:-1]:
+            try:
+                refuse(name, dataset)
+            except UsageError as err:
+                alike = err.exit_code == 2 and err.rank is None and "\n" not in str(err)
+                say(f"rank {hvd.rank()}: {name} refused{'' if alike else ' NOT alike'}: {err}")
+        refuse(REFUSALS[-1], dataset)  # not caught: the job's end is the script's
+        return
     if case == "grads":
         failures = []
         for op_name, passes in (("average", 1), ("sum", 1), ("average", 2)):
@@ -172,23 +209,7 @@ def main(case):
             raise RuntimeError("rank 1 fails")
         hvd.allreduce(torch.ones(1), name="never-joined")
         return
-    model = torch.nn.Linear(3, 1, bias=False).double()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    if case == "adasum":
-        bno.DistributedOptimizer(opt, balancer=bal, op=hvd.Adasum)
-    elif case == "predivide":
-        bno.DistributedOptimizer(opt, balancer=bal, gradient_predivide_factor=2.0)
-    elif case == "torch-loader":  # the balancer handed to torch's DataLoader as its sampler
-        for _batch in torch.utils.data.DataLoader(dataset, batch_size=B, sampler=bal):
-            pass
-    elif case == "foreign-loader":  # the drop-in optimizer fed by a loader the balancer did not make
-        sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
-        opt = bno.DistributedOptimizer(opt, balancer=bal, named_parameters=model.named_parameters())
-        for x, t in torch.utils.data.DataLoader(dataset, batch_size=B, sampler=sampler):
-            opt.zero_grad()
-            ((model(x).reshape(-1) - t) ** 2).mean().backward()
-            opt.step()
-    print(f"rank {hvd.rank()}: case {case} was not refused", flush=True)
+    raise SystemExit(f"unknown case {case}")
 
 
 if __name__ == "__main__":

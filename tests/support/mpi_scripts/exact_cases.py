@@ -2,11 +2,14 @@
 
 Usage (under mpirun; one process gives the reference)::
 
-    python exact_cases.py MODE MODEL DATA_ROOT OUT_DIR [--plain]
+    python exact_cases.py DATA_ROOT OUT_DIR MODE:MODEL[:plain] ...
+
+One job runs every case given, one after another, each writing to ``OUT_DIR/MODE-MODEL[-plain]/``
+(a job's start-up costs more than most cases: the tests start 3 jobs, not 9).
 
 - ``MODE dropin``: a plain Horovod loop with ``bno.DataLoader`` / ``bno.DistributedOptimizer``
   (``op=hvd.Average``: each rank's gradients are weighted, not its loss) and ``bno.exact(model)``;
-  ``--plain`` leaves the model as it is (with a rank at 1 sample, torch's BatchNorm1d refuses the
+  ``plain`` leaves the model as it is (with a rank at 1 sample, torch's BatchNorm1d refuses the
   batch). Rank 0 saves the model (``model.pt``).
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
@@ -14,11 +17,13 @@ Usage (under mpirun; one process gives the reference)::
   ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
   out).
 
-Every rank (a one-rank run too) trains 12 updates of 16 samples (global batch) of the real
-Fashion-MNIST; with 4 ranks the split follows :data:`SPLITS`, one entry per 2 updates, a rank at
-1 sample in each. After every update each rank reports, on a communicator of its own, whether it
-computed, its loss scale and its parameters and buffers; rank 0 writes them to
-``OUT_DIR/updates.json`` (the largest difference of each computing rank's state from rank 0's).
+Every rank (a one-rank run too) trains 12 updates (``resnet18``: 6) of 16 samples (global batch)
+of the real Fashion-MNIST; with 4 ranks the split follows :data:`SPLITS`, one entry per 2 updates,
+a rank at 1 sample in each. ``resnet18`` is torchvision's, on the 28x28 images as they are (its
+layer4 maps are 1x1, so a rank at 1 sample has one value per channel there: only the global
+batch's statistics can normalise it). After every update each rank reports, on a communicator of
+its own, whether it computed, its loss scale and the largest difference of its parameters and
+buffers from rank 0's (broadcast); rank 0 writes them to ``updates.json``.
 """
 
 import json
@@ -29,12 +34,13 @@ import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision
 from mpi4py import MPI
 from torchvision import datasets, transforms
 
 import bno_hvd as bno
 from bno_hvd.allocation import Strategy, make_strategy
-from bno_hvd.data.models import build_model
+from bno_hvd.data.models import InputAdapter
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.catchup import CatchUp
 from bno_hvd.processes.collectives import optimizer_step
@@ -67,7 +73,7 @@ class Splits(Strategy):
 def model_named(name):
     if name == "mlp":  # BatchNorm1d on (N, 32) features: a rank of 1 sample is one value per channel
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
-    return build_model(name, 10, (1, 28, 28))
+    return InputAdapter(torchvision.models.get_model(name, num_classes=10), None, channels=3)
 
 
 def strategy_for(mode, size):
@@ -77,28 +83,32 @@ def strategy_for(mode, size):
 
 
 class Reports:
-    """After each update: every rank's (computed, scale, state) -> rank 0's table of differences."""
+    """After each update: every rank's (computed, scale, difference from rank 0's state) -> rank 0's
+    table. Rank 0's state goes out in one buffer broadcast (resnet18's is 90 MB: gathering every
+    rank's state as Python objects cost more than the training)."""
 
     def __init__(self, comm):
         self.comm, self.rows = comm, []
 
     def add(self, sizes, computed, model, scaler):
         state = torch.cat([t.detach().double().flatten() for t in model.state_dict().values()])
+        ref = state.clone()
+        self.comm.Bcast(ref.numpy(), root=0)
         scale = scaler.get_scale() if scaler is not None else None
-        everyone = self.comm.gather((computed, scale, state), root=0)
+        everyone = self.comm.gather((computed, scale, float((state - ref).abs().max())), root=0)
         if everyone is not None:
-            ref = everyone[0][2]
             self.rows.append(
                 {
                     "sizes": list(sizes),
                     "computed": [c for c, _, _ in everyone],
                     "scales": [s for _, s, _ in everyone],
-                    "diff": [float((s - ref).abs().max()) for _, _, s in everyone],
+                    "diff": [d for _, _, d in everyone],
                 }
             )
 
 
 def run_dropin(mode, model_name, data, plain):
+    updates = UPDATES // 2 if model_name == "resnet18" else UPDATES  # 3 splits: resnet18 is the costly one
     bal = bno.Balancer.for_world(data, 4, strategy_for(mode, hvd.size()), seed=SEED, rebalance_every=2)
     loader = bno.DataLoader(data, sampler=bal)
     model = model_named(model_name)
@@ -108,7 +118,7 @@ def run_dropin(mode, model_name, data, plain):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=bal)
     reports, done = Reports(MPI.COMM_WORLD.Dup()), 0
-    while done < UPDATES:
+    while done < updates:
         for images, labels in loader:
             sizes = bal.current_step.batch_sizes
             optimizer.zero_grad()
@@ -116,13 +126,12 @@ def run_dropin(mode, model_name, data, plain):
             optimizer.step()
             reports.add(sizes, True, model, None)
             done += 1
-            if done == UPDATES:
+            if done == updates:
                 break
     return model, reports
 
 
-def run_sitout(mode, model_name, data):
-    world = init_world("mpi", "cpu")
+def run_sitout(world, mode, model_name, data):
     bal = Balancer(
         world.control_comm, strategy_for(mode, world.size), len(data), seed=SEED, rebalance_every=2, sit_out=True
     )
@@ -156,21 +165,28 @@ def run_sitout(mode, model_name, data):
 
 
 def main():
-    mode, model_name, root, out = sys.argv[1:5]
-    plain = "--plain" in sys.argv[5:]
+    root, out, *cases = sys.argv[1:]
     torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout") else torch.float32)
-    torch.manual_seed(SEED)
     data = datasets.FashionMNIST(root, train=True, transform=transforms.ToTensor(), download=False)
-    if mode == "dropin":
-        hvd.init()
-        model, reports = run_dropin(mode, model_name, data, plain)
-    else:
-        model, reports = run_sitout(mode, model_name, data)
-    if hvd.rank() == 0:
-        torch.save(model.state_dict(), os.path.join(out, "model.pt"))
-        with open(os.path.join(out, "updates.json"), "w") as fh:
-            json.dump(reports.rows, fh)
+    # the sit-out modes need bno-hvd's world (Horovod's process sets); the drop-in's hvd.init() is
+    # then a script's call on a started Horovod
+    world = None if all(c.startswith("dropin:") for c in cases) else init_world("mpi", "cpu")
+    for case in cases:
+        mode, model_name, *plain = case.split(":")
+        torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout") else torch.float32)
+        torch.manual_seed(SEED)
+        if mode == "dropin":
+            if not hvd.is_initialized():
+                hvd.init()
+            model, reports = run_dropin(mode, model_name, data, plain == ["plain"])
+        else:
+            model, reports = run_sitout(world, mode, model_name, data)
+        if hvd.rank() == 0:
+            where = os.path.join(out, case.replace(":", "-"))
+            os.makedirs(where)
+            torch.save(model.state_dict(), os.path.join(where, "model.pt"))
+            with open(os.path.join(where, "updates.json"), "w") as fh:
+                json.dump(reports.rows, fh)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,12 @@ from bno_hvd.common.errors import UsageError
 
 __all__ = ["DistributedDataParallel", "WeightedAllreduce", "weighted_allreduce_hook"]
 
-# Every hooked DDP's process group, kept until the interpreter exits. Seen under torchrun: after the
-# script's destroy_process_group(), the DDP object (its Reducer) held the last reference to the Gloo
-# group; freeing it with the GIL held joined a Gloo worker thread that was waiting for the GIL, and
-# 2 of 4 ranks never exited. (A mitigation of that exit race, not yet confirmed by a repeated run.)
+# Every hooked DDP's process group, kept until the interpreter exits. A script that calls
+# destroy_process_group() while its DDP model lives (torch's tutorial does) leaves the model's Reducer
+# the last reference to the Gloo group, and torch frees the group from there with the GIL held: its
+# destructor joins the group's worker thread, which may still be freeing the last allreduce's work
+# and waits for the GIL, so the rank never exits (pytorch/pytorch#56297; docs/ddp.md). Kept here,
+# the group is freed from Python, which releases the GIL first.
 _KEPT_GROUPS: list = []
 
 

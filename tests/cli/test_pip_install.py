@@ -57,9 +57,9 @@ def with_requirements(names):
     return found
 
 
-def link_pytorch(site_packages):
-    """torch, torchvision and their requirements into ``site_packages`` (hard links; a copy across devices)."""
-    for key, dist in with_requirements(["torch", "torchvision"]).items():
+def link_pytorch(site_packages, names=("torch", "torchvision")):
+    """``names`` and their requirements into ``site_packages`` (hard links; a copy across devices)."""
+    for key, dist in with_requirements(names).items():
         if key in ("pip", "setuptools"):  # the fresh venv has its own
             continue
         for path in dist.files:
@@ -85,7 +85,7 @@ def ok(proc):
 def test_pip_install_into_a_fresh_venv_then_horovod_then_a_2_rank_run(tmp_path, fashion_available):
     wheel = horovod_wheel()
     venv, src = tmp_path / "venv", tmp_path / "bno-hvd"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     link_pytorch(glob.glob(str(venv / "lib" / "python3*" / "site-packages"))[0])
     skip = (".git", ".venv", "runs", "results", "build", "*.egg-info", "__pycache__", ".hypothesis")
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip), symlinks=True)
@@ -93,7 +93,8 @@ def test_pip_install_into_a_fresh_venv_then_horovod_then_a_2_rank_run(tmp_path, 
     path = [p for p in os.environ["PATH"].split(os.pathsep) if p != VENV_BIN]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env.update(PATH=os.pathsep.join([bin_dir, *path]), OMP_NUM_THREADS="1")
-    pip = [f"{bin_dir}/python", "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
+    # this pip, run by the venv's interpreter (--python): it installs into the venv as the venv's own would
+    pip = [sys.executable, "-m", "pip", "--python", f"{bin_dir}/python", "install", "-q", "--no-compile"]
 
     # 1. the project alone: everything but Horovod, and a one-line error naming the extra
     ok(run([*pip, str(src)], env, tmp_path))
@@ -106,8 +107,8 @@ def test_pip_install_into_a_fresh_venv_then_horovod_then_a_2_rank_run(tmp_path, 
         "bno-hvd: error: Horovod is not installed: install bno-hvd[horovod] (Horovod built with PyTorch and MPI)"
     ], proc.stderr[-3000:]
 
-    # 2. the horovod extra from the project's wheel, then real training on Fashion-MNIST
-    ok(run([*pip, f"{src}[horovod]", wheel], env, tmp_path))
+    # 2. the horovod extra as the error says (the installed project, Horovod from its wheel), then training
+    ok(run([*pip, "bno-hvd[horovod]", wheel], env, tmp_path))
     hosts = ["-np", "2", "-H", "localhost:2", "--mpi"]
     proc = ok(run([f"{bin_dir}/horovodrun", *hosts, *train, "--log-dir", str(tmp_path / "log")], env, tmp_path))
     accuracy = re.search(r"test accuracy: ([0-9.]+) \((\d+)/10000\)", proc.stdout)

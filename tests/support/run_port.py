@@ -7,7 +7,10 @@ Usage (under horovodrun/mpirun/torchrun): ``python tests/support/run_port.py OUT
   so the data, the model and the gradients are float64);
 - a global forward hook (torch's public ``register_module_forward_hook``) notes the size of the
   batch of every training forward of the script's ``Net`` (``OUT_DIR/sizes-RANK.json``), and
-  rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``).
+  rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``);
+- the hook also keeps the job's default process group until the script is done, so that its last
+  reference is this file's and not the script's DDP model (see ``main``);
+- ``OUT_DIR/done-RANK`` says this rank's work is done (all that follows is its exit).
 """
 
 import gc
@@ -45,11 +48,13 @@ def main() -> None:
     out, script = sys.argv[1:3]
     sys.argv = [script, *sys.argv[3:]]
     torch.set_default_dtype(torch.float64)
-    seen = {"model": None, "sizes": []}
+    seen = {"model": None, "sizes": [], "group": None}
 
     def note(module, inputs, output):
         if type(module).__name__ == "Net":
             seen["model"] = module
+            if seen["group"] is None and torch.distributed.is_initialized():
+                seen["group"] = torch.distributed.group.WORLD
             if module.training:
                 seen["sizes"].append(int(inputs[0].shape[0]))
 
@@ -60,12 +65,18 @@ def main() -> None:
         json.dump(seen["sizes"], fh)
     if rank == 0:
         torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
-    # hold nothing of the run into the interpreter's exit: a model whose parameters still carry the
-    # autograd state of a finished DDP run, freed during finalization, is one way torch's threads meet
-    # a GIL being torn down (pytorch/pytorch#190489); the example itself frees everything in main()
-    seen.clear()
+    open(os.path.join(out, f"done-{rank}"), "w").close()
+    # Why the group is kept: a DDP script (torch's tutorial, the plain twin) calls destroy_process_group()
+    # while its DDP model lives; the model, freed when main() returns, then holds the last reference to
+    # the Gloo group, and torch frees it from the DDP's Reducer with the GIL held: ~ProcessGroupGloo
+    # joins its worker thread, which may still be freeing the last allreduce's work and waits for the
+    # GIL, so the rank never exits (pytorch/pytorch#56297). Dropped here, from Python, the group is
+    # freed with the GIL released (torch's Python binding of a process group does that).
     handle.remove()
-    gc.collect()
+    group = seen.pop("group")
+    seen.clear()
+    gc.collect()  # a DDP model in a reference cycle goes too, before the group
+    del group
 
 
 if __name__ == "__main__":

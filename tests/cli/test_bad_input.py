@@ -2,7 +2,7 @@
 
 Most cases run the real ``bno-hvd`` command in-process through click's CliRunner (the same
 ``Group.main`` -> ``fail`` path as the console script, but without paying a torch import per
-case); a few run it as a real subprocess, and two under real horovodrun with 4 ranks, where the
+case); a few run it as a real subprocess, and two under real horovodrun with 2 ranks, where the
 message must appear once (rank 0) and no rank may print a traceback or hang.
 """
 
@@ -278,9 +278,9 @@ def test_real_processes_print_one_line(tmp_path):
 
 
 def horovodrun_train(*flags):
-    """``bno-hvd train`` on 4 ranks under real horovodrun that must fail: the process."""
+    """``bno-hvd train`` on 2 ranks under real horovodrun that must fail: the process."""
     common = ("--dataset", "synthetic", "--no-progress", "--no-eval", "--latency-interval", "0")
-    proc = horovodrun(4, bno_cmd("train", *common, *flags), timeout=120)
+    proc = horovodrun(2, bno_cmd("train", *common, *flags), timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stdout + proc.stderr
     return proc
@@ -296,7 +296,7 @@ def one_error_line(proc):
 @pytest.mark.mpi
 def test_horovodrun_bad_value_gives_one_message_and_no_traceback():
     proc = horovodrun_train("--strategy", "fixed", "--batch-sizes", "5,11,3", "--updates", "5")
-    assert "--batch-sizes has 3 entries but the job has 4 ranks" in one_error_line(proc)
+    assert "--batch-sizes has 3 entries but the job has 2 ranks" in one_error_line(proc)
 
 
 @pytest.mark.mpi

@@ -1,5 +1,5 @@
 """The fuzzed surfaces through the real CLI (issue 15): fixed refusals and generated flags as real
-processes, and under mpirun with 4 ranks, where a refusal must end every rank with one line.
+processes, and under mpirun with 2 ranks, where a refusal must end every rank with one line.
 
 The in-process property, its surfaces and the regressions are in ``test_fuzz_inputs.py``.
 """
@@ -154,16 +154,16 @@ def assert_every_rank_ended_with_one_line(proc, expected: str | None = None) -> 
 @settings(FEW, max_examples=1)
 @given(inp=fcli.mpirun_train_inputs.filter(safe_to_import))
 def test_refused_flags_end_every_rank_under_mpirun(inp, fixture_modules):
-    """Flags that a dry run for 4 ranks refuses: a real 4-rank job ends on every rank, one line."""
+    """Flags that a dry run for 2 ranks refuses: a real 2-rank job ends on every rank, one line."""
     directory = Path(tempfile.mkdtemp())
     try:
         args = fcli.train_args(inp, directory)
         if "--updates" not in args:
             args += ["--updates", "3"]
-        dry = CliRunner().invoke(main, args + ["--dry-run", "--world-size", "4"])
+        dry = CliRunner().invoke(main, args + ["--dry-run", "--world-size", "2"])
         assume(dry.exit_code == 2)
-        print("mpirun -np 4 bno-hvd", *args)
-        proc = mpirun(4, bno_cmd(*args), timeout=240, env=subprocess_env(fixture_modules))
+        print("mpirun -np 2 bno-hvd", *args)
+        proc = mpirun(2, bno_cmd(*args), timeout=240, env=subprocess_env(fixture_modules))
         assert_every_rank_ended_with_one_line(proc, dry.stderr.split("bno-hvd: error:", 1)[1])
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -179,8 +179,8 @@ def test_foreign_checkpoint_ends_every_rank_under_mpirun(inp, fixture_modules):
         ck = fsu.build_checkpoint_dir(inp, directory)
         args = ["train", "--dataset", "synthetic", "--no-progress", "--no-eval", "--latency-interval", "0"]
         args += ["--updates", "2", "--checkpoint-dir", str(ck), "--resume"]
-        print("mpirun -np 4 bno-hvd", *args, [name for name, _ in inp["files"]])
-        proc = mpirun(4, bno_cmd(*args), timeout=240, env=subprocess_env(fixture_modules))
-        assert_every_rank_ended_with_one_line(proc)  # a one-rank checkpoint never fits 4 ranks
+        print("mpirun -np 2 bno-hvd", *args, [name for name, _ in inp["files"]])
+        proc = mpirun(2, bno_cmd(*args), timeout=240, env=subprocess_env(fixture_modules))
+        assert_every_rank_ended_with_one_line(proc)  # a one-rank checkpoint never fits 2 ranks
     finally:
         shutil.rmtree(directory, ignore_errors=True)

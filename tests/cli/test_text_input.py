@@ -1,4 +1,4 @@
-"""Bad text under real mpirun with 4 ranks: an empty directory, an empty line, a file that is not
+"""Bad text under real mpirun with 2 ranks: an empty directory, an empty line, a file that is not
 UTF-8 each end every rank with one ``bno-hvd: error:`` line naming the file (exit 2, no traceback,
 no hang); a line longer than --max-seq-len is cut into pieces, said once in a note, and trains."""
 
@@ -30,7 +30,7 @@ def lines_with(proc, marker):
 def test_bad_text_ends_every_rank_with_one_line(tmp_path, content, words):
     if content is not None:
         (tmp_path / "docs.txt").write_bytes(content)
-    proc = mpirun(4, bno_cmd(*RUN, "--data-dir", str(tmp_path)), timeout=180)
+    proc = mpirun(2, bno_cmd(*RUN, "--data-dir", str(tmp_path)), timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = lines_with(proc, "bno-hvd: error:")
     assert len(errors) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -42,7 +42,7 @@ def test_a_line_longer_than_max_seq_len_is_cut_into_pieces(tmp_path):
     long_line = " ".join(f"w{i}" for i in range(300))  # hundreds of tokens at --max-seq-len 16
     (tmp_path / "docs.txt").write_text("\n".join(LINES + [long_line]) + "\n")
     tb, log = tmp_path / "tb", tmp_path / "log"
-    proc = mpirun(4, bno_cmd(*RUN, "--data-dir", str(tmp_path), "--tensorboard", str(tb), "--log-dir", str(log)))
+    proc = mpirun(2, bno_cmd(*RUN, "--data-dir", str(tmp_path), "--tensorboard", str(tb), "--log-dir", str(log)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = lines_with(proc, "bno-hvd: note:")
     cut = [n for n in notes if "longer than --max-seq-len 16 tokens and were cut into pieces" in n]

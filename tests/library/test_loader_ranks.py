@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from support import resume
 from support.checks import max_relative_difference
 from support.jobs import ROOT, assert_ok, bno_cmd, horovodrun, mpirun, python_cmd
-from support.resume import EXACT_40
 
 from bno_hvd.allocation.sampler import epoch_permutation
 from bno_hvd.lab.logread import read_updates
@@ -52,88 +52,50 @@ def test_every_sample_once_per_epoch_across_ranks(mode, tmp_path):
     assert len({tuple(r["seen"][u]["sizes"]) for r in ranks for u in range(updates)}) > 5
 
 
-# -- exactness through the DataLoader -------------------------------------------------------------
+# -- exactness and kill-and-resume through the DataLoader ---------------------------------------
+
+# 4 ranks, a random split of a global batch of 12 that changes every 2 updates, 2 loader workers
+# each, reading 90 images from disk (written by the test): epoch 0 ends inside update 7; the kill
+# at update 7 (after the checkpoint of update 6, kept for the test to read) is mid-epoch, with
+# allocations decided but not yet used.
+FLAGS = ["train", "--dataset", "imagefolder", "--image-size", "20", "--model", "cnn", "--updates", "14"]
+FLAGS += ["--dtype", "float64", "--lr", "0.05", "--seed", "3", "--no-eval", "--no-progress", "--latency-interval", "0"]
+RANDOM = ["--strategy", "random", "--base-batch-size", "3", "--rebalance-every", "2", "--num-workers", "2"]
 
 
-def train_and_save(np_, strategy_flags, path, tmp_path, workers, extra=()):
-    args = bno_cmd(
-        "train",
-        *strategy_flags,
-        "--updates",
-        "20",
-        "--optimizer",
-        "sgd",
-        "--momentum",
-        "0",
-        "--dtype",
-        "float64",
-        "--lr",
-        "0.01",
-        "--seed",
-        "7",
-        "--no-eval",
-        "--no-progress",
-        "--latency-interval",
-        "0",
-        "--num-workers",
-        str(workers),
-        "--save-model",
-        str(path),
-        "--log-dir",
-        str(tmp_path / f"log-{np_}"),
-        *extra,
-    )
-    assert_ok(horovodrun(np_, args, timeout=400))
-    return torch.load(path, map_location="cpu", weights_only=True)
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """The 4-rank run straight through, and killed at update 7 and resumed (:mod:`support.resume`),
+    with the image folder it read."""
+    root = tmp_path_factory.mktemp("resume")
+    data = write_image_folder(root / "images", train=30, val=1)
+    run = [*FLAGS, "--data-dir", str(data), *RANDOM]
+    return resume.kill_and_resume(root, run, kill_at=7, every=3, keep=4, timeout=300), data
 
 
-def test_uneven_changing_ranks_through_workers_equal_one_process(tmp_path, fashion_available):
-    # 4 ranks, a random split of 32 samples that changes every 3 updates, 2 loader workers each
-    multi = train_and_save(
-        4,
-        ["--strategy", "random", "--base-batch-size", "8", "--rebalance-every", "3"],
-        tmp_path / "multi.pt",
-        tmp_path,
-        workers=2,
-    )
-    single = train_and_save(1, ["--strategy", "fixed", "--batch-sizes", "32"], tmp_path / "single.pt", tmp_path, 0)
-    sizes = [r.batch_sizes for r in read_updates(str(tmp_path / "log-4"))]
-    assert len({tuple(s) for s in sizes}) >= 4 and all(sum(s) == 32 for s in sizes)
-    diff = max_relative_difference(multi, single)
+def test_uneven_changing_ranks_through_workers_equal_one_process(resumed, tmp_path):
+    r, data = resumed
+    single = tmp_path / "single.pt"
+    run = [*FLAGS, "--data-dir", str(data), "--strategy", "fixed", "--batch-sizes", "12"]
+    assert_ok(mpirun(1, bno_cmd(*run, "--save-model", str(single), "--log-dir", str(tmp_path / "log")), timeout=300))
+    sizes = [x.batch_sizes for x in read_updates(str(r.ref_log))]
+    assert len({tuple(s) for s in sizes}) >= 4 and all(sum(s) == 12 for s in sizes)
+    diff = max_relative_difference(torch.load(r.ref_model, weights_only=True), torch.load(single, weights_only=True))
     print(f"DataLoader path, changing allocation: max relative difference {diff:.3e}")
     assert diff <= 1e-10  # float64; measured 2.7e-16
 
 
-def test_killed_mid_epoch_with_workers_resumes_exactly(kill_and_resume):
-    # 4096 synthetic samples, global batch 160: epoch 0 ends inside update 25; the kill at update
-    # 25 (after the checkpoint of update 20) is mid-epoch, with allocations decided but not yet used
-    run = [
-        "train",
-        "--dataset",
-        "synthetic",
-        "--strategy",
-        "random",
-        "--base-batch-size",
-        "40",
-        "--rebalance-every",
-        "3",
-        "--num-workers",
-        "2",
-        *EXACT_40,
-    ]
-
-    def between(r):
-        state = torch.load(r.ckpt / "ckpt-00000020.pt", map_location="cpu", weights_only=False)
-        pending = [u for u, _ in state["balancer"]["plan"]["changes"] if u > 20]
-        assert state["balancer"]["plan"]["lag"] == 5 and pending, state["balancer"]["plan"]  # decided, not yet used
-
-    r = kill_and_resume(run, timeout=300, after_kill=between)
-    ref_model, ref_log, model, log_dir = r.ref_model, r.ref_log, r.model, r.log_dir
-    ref, resumed = torch.load(ref_model, weights_only=True), torch.load(model, weights_only=True)
-    assert all(torch.equal(resumed[k], ref[k]) for k in ref), max_relative_difference(resumed, ref)
-    ref_records, records = read_updates(str(ref_log)), read_updates(str(log_dir))
-    assert [r.batch_sizes for r in records] == [r.batch_sizes for r in ref_records]
-    assert [r.loss for r in records] == pytest.approx([r.loss for r in ref_records], rel=1e-12)
+def test_killed_mid_epoch_with_workers_resumes_exactly(resumed):
+    r, _ = resumed
+    state = torch.load(r.ckpt / "ckpt-00000006.pt", map_location="cpu", weights_only=False)
+    pending = [u for u, _ in state["balancer"]["plan"]["changes"] if u > 6]
+    assert state["balancer"]["plan"]["lag"] == 5 and pending, state["balancer"]["plan"]  # decided, not yet used
+    ref, model = torch.load(r.ref_model, weights_only=True), torch.load(r.model, weights_only=True)
+    assert all(torch.equal(model[k], ref[k]) for k in ref), max_relative_difference(model, ref)
+    ref_records, records = read_updates(str(r.ref_log)), read_updates(str(r.log_dir))
+    assert [x.update for x in records] == list(range(14))
+    assert [x.batch_sizes for x in records] == [x.batch_sizes for x in ref_records]
+    assert [x.loss for x in records] == pytest.approx([x.loss for x in ref_records], rel=1e-12)
     assert ref_records[-1].loss < ref_records[0].loss
 
 
@@ -156,39 +118,17 @@ def write_image_folder(root, classes=3, train=12, val=4, side=20, corrupt=None):
     return root
 
 
+def train_on_images(data, *flags, timeout=400):
+    """``bno-hvd train`` on the image folder ``data`` (20-pixel images) on 2 ranks under horovodrun."""
+    common = ["--dataset", "imagefolder", "--data-dir", str(data), "--image-size", "20"]
+    common += ["--no-progress", "--latency-interval", "0"]
+    return horovodrun(2, bno_cmd("train", *common, *flags), timeout=timeout)
+
+
 def test_an_image_folder_trains_end_to_end_with_a_torchvision_model(tmp_path):
-    data = write_image_folder(tmp_path / "images")
-    log = tmp_path / "log"
-    proc = horovodrun(
-        2,
-        bno_cmd(
-            "train",
-            "--dataset",
-            "imagefolder",
-            "--data-dir",
-            str(data),
-            "--image-size",
-            "20",
-            "--model",
-            "resnet18",
-            "--num-workers",
-            "2",
-            "--updates",
-            "12",
-            "--base-batch-size",
-            "6",
-            "--rebalance-every",
-            "4",
-            "--lr",
-            "0.05",
-            "--no-progress",
-            "--log-dir",
-            str(log),
-            "--latency-interval",
-            "0",
-        ),
-        timeout=400,
-    )
+    data, log = write_image_folder(tmp_path / "images"), tmp_path / "log"
+    flags = ["--model", "resnet18", "--num-workers", "2", "--updates", "12", "--base-batch-size", "6"]
+    proc = train_on_images(data, *flags, "--rebalance-every", "4", "--lr", "0.05", "--log-dir", str(log))
     assert_ok(proc)
     m = re.search(r"test accuracy: ([0-9.]+) \((\d+)/(\d+)\)", proc.stdout)
     assert m and int(m.group(3)) == 12, proc.stdout[-2000:]
@@ -200,31 +140,8 @@ def test_an_image_folder_trains_end_to_end_with_a_torchvision_model(tmp_path):
 
 def test_a_corrupt_image_names_the_file_and_ends_every_rank(tmp_path):
     data = write_image_folder(tmp_path / "images", train=16, corrupt="train/class1/img3.png")
-    proc = horovodrun(
-        2,
-        bno_cmd(
-            "train",
-            "--dataset",
-            "imagefolder",
-            "--data-dir",
-            str(data),
-            "--image-size",
-            "20",
-            "--model",
-            "cnn",
-            "--num-workers",
-            "1",
-            "--updates",
-            "30",
-            "--base-batch-size",
-            "8",
-            "--no-progress",
-            "--no-eval",
-            "--latency-interval",
-            "0",
-        ),
-        timeout=200,
-    )
+    flags = ["--model", "cnn", "--num-workers", "1", "--updates", "30", "--base-batch-size", "8", "--no-eval"]
+    proc = train_on_images(data, *flags, timeout=200)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     lines = [line for line in text.splitlines() if "bno-hvd: error:" in line]

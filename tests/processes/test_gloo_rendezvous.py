@@ -27,7 +27,7 @@ def test_the_rendezvous_store_listens_on_loopback_and_closes_after_start_up(tmp_
     cmd = bno_cmd("train", "--updates", "100", "--no-eval", "--no-progress", "--collectives", "gloo")
     cmd += ["--dataset", "synthetic", "--log-dir", str(tmp_path)]
     proc = subprocess.Popen(
-        mpirun_command(4, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+        mpirun_command(2, cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
     )
     try:
         found = None

@@ -25,7 +25,7 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
             "--strategy",
             strategy,
             "--updates",
-            "60",
+            "40",
             "--base-batch-size",
             "16",
             "--rebalance-every",
@@ -44,7 +44,7 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
     assert acc > 0.3, f"accuracy {acc} not above chance (0.1)"
     assert proc.stdout.count("test accuracy") == 1  # only rank 0 prints
     records = [json.loads(line) for line in (log_dir / "updates.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in records] == list(range(60))
+    assert [r["update"] for r in records] == list(range(40))
     for r in records:
         assert len(r["batch_sizes"]) == np_ and all(b >= 1 for b in r["batch_sizes"])
         assert r["weight_update_time"] > 0 and r["samples_per_s"] > 0 and r["loss"] > 0

@@ -6,8 +6,10 @@ seconds (times a noise factor drawn from recorded steps) under its CFS limit and
 (:class:`~bno_hvd.lab.sim.cfs.Quota`); an EMULATED rank then sleeps as if slower. Ranks arrive at
 the allreduce in that order; while they wait they burn ``spin`` of the CPU; once the last is in,
 each pays ``sync_cpu`` at its own limit (with the budget it has left), a rank among busy
-processes waits for the scheduler, and the allreduce ends on all ranks together. A rank with 0
-samples sits the update out. Every ``every`` updates rank 0's strategy gets what
+processes waits for the scheduler, and the allreduce ends on all ranks together. Each then takes
+its optimizer step (``step_cpu``) at its own limit and starts its next step when that is done:
+no other rank waits for it, except at a rebalance. A rank with 0 samples sits the update out.
+Every ``every`` updates rank 0's strategy gets what
 :class:`~bno_hvd.allocation.ClusterMetrics` holds in a real job: each rank's last ``window``
 (batch, gap + compute), (update, sync), sync CPU, whole-update times, its CPU limit where it binds
 (used at least half of it), its CPU share (run over runnable time) and CPU per wall second.
@@ -134,6 +136,14 @@ def work_of(machine: Machine, profile: SimProfile, sizes: np.ndarray, rng) -> np
     return machine.fixed_cpu + per + machine.pass_cpu * np.maximum(passes - 1, 0)
 
 
+def usable(limits, tax: float) -> np.ndarray:
+    """What of each CPU limit is left to a rank's compute and allreduce: its other threads (Horovod's
+    background loop, waking every cycle) take ``tax`` CPU s per wall s of the quota, or half of it
+    when the limit is lower than twice that (the scheduler splits a quota fairly between the two)."""
+    limits = np.asarray(limits, float)
+    return np.where(np.isfinite(limits), np.maximum(limits - tax, limits / 2), limits)
+
+
 def simulate(
     profile: SimProfile, machine: Machine, spec, updates: int, seed: int = 0, every: int = 10, window: int = 20
 ):
@@ -145,7 +155,11 @@ def simulate(
     noise = np.asarray(machine.noise, float)
     period = np.full(n, profile.period_ms / 1e3)
     quota = Quota(
-        profile.limits, period, rng.uniform(0, period), profile.share(None, machine.busy_weight), machine.cold
+        usable(profile.limits, machine.tax),
+        period,
+        rng.uniform(0, period),
+        profile.share(None, machine.busy_weight),
+        machine.cold,
     )
     limits, schedule = np.array(profile.limits, float), {int(u): (lim, b) for u, lim, b in profile.schedule}
     strategy = build_strategy(spec, profile, seed) if isinstance(spec, str) else spec
@@ -155,43 +169,44 @@ def simulate(
     speed = np.asarray(profile.speed, float)
     seconds, samples, splits = np.zeros(updates), np.zeros(updates), [sizes.tolist()]
     sums, count = np.zeros((3, n)), np.zeros(n)
-    t = 0.0
+    t = 0.0  # the end of the last allreduce
+    start = np.zeros(n)  # when each rank's next step begins: after its own optimizer step
     for u in range(updates):
         if u in schedule:
             limits, busy = np.array(schedule[u][0], float), np.asarray(schedule[u][1], float)
-            quota.set(limits, profile.share(busy, machine.busy_weight))
+            quota.set(usable(limits, machine.tax), profile.share(busy, machine.busy_weight))
         inside = sizes > 0
         factor = 1.0 + noise[rng.integers(noise.size, size=n)]
         sync_cpu = machine.sync_cpu if inside.sum() > 1 else 0.0  # a process set of one has nothing to reduce
         early = machine.overlap * sync_cpu  # reduced during the backward pass, as gradients come out
         work = work_of(machine, profile, sizes.astype(float), rng) * np.maximum(factor, 0.1) + early
-        done = quota.run(np.full(n, t), work, inside)
-        done = t + (done - t) / speed  # an EMULATED rank waits as if slower (asleep)
+        done = quota.run(start, work, inside)
+        done = start + (done - start) / speed  # an EMULATED rank waits as if slower (asleep)
         last = done[inside].max()
         spun = quota.spin(done, np.full(n, last), machine.spin, inside)
         part = quota.run(np.full(n, last), np.full(n, sync_cpu - early), inside) + machine.wake * busy * (sync_cpu > 0)
         k = inside.sum()  # a ring moves 2 (k - 1) / k of the gradients through every rank (1.5 at 4 ranks)
         end = max(part[inside].max(), last + machine.network * (2 * (k - 1) / k) / 1.5)
         spun = spun + quota.spin(part, np.full(n, end), machine.ring_spin, inside)  # polls for the ring
-        cpu = work + spun + sync_cpu - early
-        runnable = np.maximum((done - t) * speed + (part - last) + spun, cpu)  # a spinning wait is runnable
-        in_sync = spun + sync_cpu - early  # the CPU of its sync phase
-        windows.add(u, inside, [sizes, done - t, end - done, in_sync, cpu, np.full(n, end - t), runnable])
-        sums += np.where(inside, [done - t, end - done, in_sync], 0.0)
+        # then each rank's optimizer step, at its own limit: no other rank waits for it
+        stepped = np.where(inside, quota.run(np.full(n, end), np.full(n, machine.step_cpu), inside), end)
+        cpu = work + spun + sync_cpu - early + machine.step_cpu
+        runnable = np.maximum((done - start) * speed + (part - last) + spun + (stepped - end), cpu)
+        in_sync = spun + sync_cpu - early + machine.step_cpu  # the CPU of its sync phase
+        wall = stepped - start
+        windows.add(u, inside, [sizes, done - start, stepped - done, in_sync, cpu, wall, runnable])
+        sums += np.where(inside, [done - start, stepped - done, in_sync], 0.0)
         count += inside
         seconds[u], samples[u] = end - t, sizes.sum()
-        t = end
+        t, start = end, stepped
         if (u + 1) % every == 0 and u + 1 < updates and hasattr(strategy, "rebalance"):
             new = np.array(strategy.rebalance(windows.metrics(u + 1, limits, profile.caps), sizes.tolist(), u + 1))
             back = (sizes == 0) & (new > 0)
             windows.forget(back)
-            if back.any():  # its state is sent to it, the process sets change: every rank waits
-                t += machine.rejoin
-                seconds[u] += machine.rejoin
+            # every rank meets rank 0 to rebalance; one coming back is sent its state (the process sets change)
+            start = np.full(n, stepped.max() + machine.rebalance + machine.rejoin * back.any())
             sizes = new
             splits.append(sizes.tolist())
-            t += machine.rebalance
-            seconds[u] += machine.rebalance
     means = sums / np.maximum(count, 1)
     return SimRun(seconds, samples, splits, dict(zip(("local", "sync", "cpu_sync"), means)))
 

@@ -31,11 +31,15 @@ class Machine:
     ``wake`` s per busy process on its core (run late at every ring step); the allreduce ends with
     the slowest part, and no sooner than ``network`` s after the last arrival at 4 ranks (the
     suite's; a ring moves ``2 (N - 1) / N`` of the gradients through each rank, so N ranks take
-    ``network * (2 (N - 1) / N) / 1.5``). A waiting rank burns ``spin`` CPU s per wall s before
-    the last arrival (Gloo sleeps: near 0; MPI polls: near 1), ``ring_spin`` after its own part.
+    ``network * (2 (N - 1) / N) / 1.5``). Then each rank takes its optimizer step, ``step_cpu`` CPU
+    s at its own limit, which no other rank waits for (it delays only that rank's next step). A
+    waiting rank burns ``spin`` CPU s per wall s before the last arrival (Gloo sleeps: near 0; MPI
+    polls: near 1), ``ring_spin`` after its own part. A rank's other threads (Horovod's background
+    loop) take ``tax`` CPU s per wall s of its CPU limit, at most half of it.
 
-    ``rebalance`` s are added at every rebalance, ``rejoin`` s when a rank comes back from sitting
-    out (its state is sent to it, the process sets change); ``noise``: quantiles of one step's deviation from
+    Every rank waits for the slowest one's optimizer step and ``rebalance`` s at every rebalance,
+    and ``rejoin`` s more when a rank comes back from sitting out (its state is sent to it, the
+    process sets change); ``noise``: quantiles of one step's deviation from
     its interval's median, from recorded updates."""
 
     fixed_cpu: float
@@ -50,6 +54,8 @@ class Machine:
     busy_weight: float = 1.0
     rejoin: float = 0.0
     overlap: float = 0.0
+    tax: float = 0.0
+    step_cpu: float = 0.0
     pass_cpu: float = 0.0
     per_token_cpu: float = 0.0
     per_square_cpu: float = 0.0

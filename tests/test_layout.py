@@ -248,3 +248,32 @@ def test_an_unmarked_test_that_starts_a_process_fails_even_if_it_catches_the_err
     result = pytester.runpytest_inprocess("-p", "support.tiers", "-q")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*started a process (system: true) without a tier marker: mark this test*"])
+
+
+@pytest.mark.slow
+def test_in_phase_1_a_test_file_runs_on_one_worker(pytester, monkeypatch):
+    """Its module-scoped jobs run once: the files are grouped also inside xdist's workers."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    for name in ("test_a", "test_b", "test_c"):
+        pytester.makepyfile(
+            **{
+                name: f"""
+                import os
+
+                def record():
+                    with open({str(pytester.path / "workers.txt")!r}, "a") as fh:
+                        fh.write("{name} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+                def test_1(): record()
+                def test_2(): record()
+                def test_3(): record()
+                """
+            }
+        )
+    result = pytester.runpytest_subprocess("-p", "support.tiers", "-n", "2", "--dist", "loadfile", "-q")
+    result.assert_outcomes(passed=9)
+    seen = {}
+    for line in (pytester.path / "workers.txt").read_text().split("\n")[:-1]:
+        name, worker = line.split()
+        seen.setdefault(name, set()).add(worker)
+    assert sorted(seen) == ["test_a", "test_b", "test_c"] and all(len(w) == 1 for w in seen.values()), seen

@@ -70,35 +70,25 @@ def is_marked(item) -> bool:
 
 # --- running in parallel (launch/test) ---------------------------------------------------------
 # launch/test runs the suite in two phases: first every test that may share the machine, on two
-# pytest-xdist workers (--dist loadgroup: a test file is one unit of work, so its module-scoped
-# jobs run once; modules that share a session fixture name one xdist_group), then the tests that
-# may not (ALONE: cgroups, namespaces, Slurm, or an outcome that depends on speed) one after
-# another with nothing beside them. Units start longest first: mpi, slurm, slow, the rest.
+# pytest-xdist workers (--dist loadfile: a test file is one unit of work, so its module-scoped
+# jobs run once), then the tests that may not (ALONE: cgroups, namespaces, Slurm, or an outcome
+# that depends on speed) one after another with nothing beside them. Files start longest first
+# (mpi, root, slurm, slow, the rest), so that the many short ones fill the end.
 ALONE = ("root", "slurm", "alone")
 PARALLEL = " and ".join(f"not {m}" for m in ALONE)  # phase 1: -m "$PARALLEL"; phase 2: the rest
 
 
-def _unit_rank(item) -> int:
+def _rank(item) -> int:
     return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
-
-
-def _group(item):
-    mark = item.get_closest_marker("xdist_group")
-    return mark and (mark.args[0] if mark.args else mark.kwargs.get("name"))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    for item in items:
-        if _group(item) is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    units = {}
-    for item in items:
-        units.setdefault(_group(item), []).append(item)
-    order = sorted(units.values(), key=lambda unit: min(_unit_rank(i) for i in unit))
-    items[:] = [item for unit in order for item in unit]
+    files = {}
+    for item in items:  # the same order in every xdist worker: they must collect alike
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = sorted(files.values(), key=lambda tests: min(_rank(i) for i in tests))
+    items[:] = [item for tests in order for item in tests]
 
 
 @pytest.hookimpl(wrapper=True)

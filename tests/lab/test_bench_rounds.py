@@ -107,8 +107,8 @@ def test_a_profile_with_limits_set_outside(tmp_path):
     # limit at the start, and nothing is left behind
     before = our_cgroups(suite=True)
     args = ["bench", "--suite", "real", "--profiles", "outside-levels-10ms", "--strategies", "equal,fixed"]
-    # the fewest updates the suite takes: what is checked is read at the start (rounds: the test above)
-    proc = run_cli(*args, "--updates", "4", "--warmup", "2", "--rounds", "1", "--out", str(tmp_path), timeout=600)
+    # all runs alive at once (--rounds 2): the slowest rank's start-up (0.12 of a core) is paid once, not per run
+    proc = run_cli(*args, "--updates", "6", "--warmup", "2", "--rounds", "2", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_until_gone(before, suite=True) == before
     suite = json.loads((tmp_path / "suite.json").read_text())
@@ -116,7 +116,7 @@ def test_a_profile_with_limits_set_outside(tmp_path):
     assert suite[0]["strategies"]["fixed"]["final_batch_sizes"] == hand_split(BY_NAME["outside-levels-10ms"])
     assert "| outside-levels-10ms (REAL) |" in (tmp_path / "suite.md").read_text()
     rows = read_updates(tmp_path / "outside-levels-10ms" / "runs" / "equal" / "updates.jsonl")
-    assert len(rows) == 4
+    assert len(rows) == 6
     # bno-hvd did not set these limits; the ranks read them from their cgroups, and say so
     bench = json.loads((tmp_path / "outside-levels-10ms" / "bench.json").read_text())
     label = "REAL: CPU limits set outside bno-hvd (read from each rank's cgroup): 0.45,0.35,0.25,0.12 of a core"

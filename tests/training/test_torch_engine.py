@@ -8,6 +8,7 @@ import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import assert_ok, bno_cmd, mpirun, run_cli, torchrun
+from support.train_runs import saved_model, train_args
 
 
 @pytest.mark.mpi
@@ -22,40 +23,15 @@ def test_control_plane_over_torch_distributed(np_, tmp_path):
 
 
 def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
-    args = [
-        "train",
-        "--engine",
-        "torch",
-        "--strategy",
-        "fixed",
-        "--batch-sizes",
-        batch_sizes,
-        "--updates",
-        "12",
-        "--momentum",
-        "0.9",
-        "--dtype",
-        "float64",
-        "--lr",
-        "0.01",
-        "--seed",
-        "7",
-        "--no-eval",
-        "--no-progress",
-        "--latency-interval",
-        "0",
-        "--save-model",
-        str(path),
-        "--log-dir",
-        str(tmp_path / f"log-{launcher}-{np_}"),
-        *extra,
-    ]
+    log_dir = tmp_path / f"log-{launcher}-{np_}"
+    flags = ["--engine", "torch", "--strategy", "fixed", "--batch-sizes", batch_sizes, *extra]
+    args = train_args(path, log_dir, *flags, updates=12, momentum=0.9)
     if launcher == "torchrun":
         proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=180)
     else:
         proc = mpirun(np_, bno_cmd(*args), timeout=400)
     assert_ok(proc)
-    return proc, torch.load(path, map_location="cpu", weights_only=True)
+    return proc, saved_model(path)
 
 
 @pytest.fixture(scope="module")

@@ -114,6 +114,8 @@ class ControlPlane:
             except Exception as err:  # noqa: BLE001 - every rank must hear of it (see the doc)
                 payload = ("training", f"rank 0 failed while allocating: {first_line(err)}{_where(err)}")
         kind, value = self.comm.bcast(payload, root=0)
+        if kind != "ok":  # every rank ends next: rank 0 must not leave MPI before the others have the message
+            self.comm.Barrier()  # (a rank that was still on its way to this bcast once crashed in MPI instead)
         if kind == "usage":
             raise UsageError(value)
         if kind == "training":

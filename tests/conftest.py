@@ -8,10 +8,13 @@ import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 from support.jobs import FASHION_DIR
 from support.tiers import (  # noqa: F401
+    pytest_addoption,
     pytest_collection_modifyitems,
     pytest_runtest_call,
+    pytest_runtest_logreport,
     pytest_runtest_setup,
     pytest_runtest_teardown,
+    pytest_sessionfinish,
 )
 
 pytest_plugins = ["pytester"]  # test_layout.py runs a small session to see that the tiers hold

@@ -277,3 +277,19 @@ def test_in_phase_1_a_test_file_runs_on_one_worker(pytester, monkeypatch):
         name, worker = line.split()
         seen.setdefault(name, set()).add(worker)
     assert sorted(seen) == ["test_a", "test_b", "test_c"] and all(len(w) == 1 for w in seen.values()), seen
+
+
+def test_test_files_start_longest_first_and_an_unknown_one_by_its_markers():
+    from support.tiers import GUESS, longest_first
+
+    class Item:
+        def __init__(self, *markers):
+            self.markers = markers
+
+        def get_closest_marker(self, name):
+            return name if name in self.markers else None
+
+    files = {"a.py": [Item()], "b.py": [Item(), Item("slow")], "c.py": [Item("mpi")], "d.py": [Item()]}
+    assert longest_first(files, {"a.py": 50.0, "c.py": 1.0}) == ["a.py", "b.py", "c.py", "d.py"]
+    assert longest_first(files, {}) == ["c.py", "b.py", "a.py", "d.py"]  # mpi's guess, slow's, then collection order
+    assert GUESS["mpi"] > GUESS["slow"] > 0

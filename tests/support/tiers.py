@@ -6,10 +6,12 @@ test (its fixtures included) runs, every way of starting a process fails it with
 the markers, also when the code under test catches the error.
 """
 
+import json
 import multiprocessing.process
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,14 +74,38 @@ def is_marked(item) -> bool:
 # launch/test runs the suite in two phases: first every test that may share the machine, on two
 # pytest-xdist workers (--dist loadfile: a test file is one unit of work, so its module-scoped
 # jobs run once), then the tests that may not (ALONE: cgroups, namespaces, Slurm, or an outcome
-# that depends on speed) one after another with nothing beside them. Files start longest first
-# (mpi, root, slurm, slow, the rest), so that the many short ones fill the end.
+# that depends on speed) one after another with nothing beside them. Files start longest first,
+# by the seconds DURATIONS holds (a file it does not know yet by its markers' guess), so that the
+# many short ones fill the end and neither worker waits for the other's one long file.
 ALONE = ("root", "slurm", "alone")
 PARALLEL = " and ".join(f"not {m}" for m in ALONE)  # phase 1: -m "$PARALLEL"; phase 2: the rest
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"  # {test file: seconds}, see record_durations
+GUESS = {"mpi": 30.0, "root": 30.0, "slurm": 30.0, "slow": 10.0}  # seconds, for a file DURATIONS lacks
 
 
-def _rank(item) -> int:
-    return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
+def _guess(item) -> float:
+    return max((GUESS[m] for m in TIERS if item.get_closest_marker(m)), default=0.0)
+
+
+def longest_first(files: dict[str, list], known: dict[str, float]) -> list[str]:
+    """The test files in the order they should start: most seconds first (``known``, else the guess)."""
+    seconds = {name: known.get(name, max(map(_guess, tests))) for name, tests in files.items()}
+    return sorted(files, key=lambda name: -seconds[name])  # stable: equal files keep their order
+
+
+def known_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write each test file's seconds of this run into tests/durations.json (launch/test orders by them)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,8 +113,26 @@ def pytest_collection_modifyitems(config, items):
     files = {}
     for item in items:  # the same order in every xdist worker: they must collect alike
         files.setdefault(item.nodeid.split("::")[0], []).append(item)
-    order = sorted(files.values(), key=lambda tests: min(_rank(i) for i in tests))
-    items[:] = [item for tests in order for item in tests]
+    items[:] = [item for name in longest_first(files, known_durations()) for item in files[name]]
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::")[0]
+    if name.startswith("tests/"):  # not the small sessions test_layout.py runs with pytester
+        _seconds[name] = _seconds.get(name, 0.0) + report.duration
+
+
+_seconds: dict[str, float] = {}  # this session's seconds per test file (setup, call and teardown)
+
+
+def pytest_sessionfinish(session):
+    """With --record-durations, on the controller (xdist's workers report their tests to it): this run's
+    files replace their entries (phase 1 and phase 2 each write theirs)."""
+    if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
+        return
+    known = {name: s for name, s in known_durations().items() if (DURATIONS.parents[1] / name).exists()}
+    known.update({name: round(seconds, 1) for name, seconds in _seconds.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
 
 
 @pytest.hookimpl(wrapper=True)

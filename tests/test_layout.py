@@ -223,8 +223,10 @@ def test_the_tiers_are_the_registered_markers_and_launch_test_runs_them_in_its_p
     assert tuple(markers) == (*TIERS, "alone") and "--strict-markers" in pytest_cfg["tool:pytest"]["addopts"]
     assert set(ALONE) <= set(markers)
     script = open(os.path.join(ROOT, "launch", "test")).read()
-    # --fast, then the two phases: the rest on two workers, then what must run alone
+    # --fast, then the two groups: what must run alone starts first at normal priority, then the
+    # script takes the idle priority that the rest, on two workers, inherits
     assert f'-m "{FAST}"' in script and f'-m "{PARALLEL}"' in script and f'-m "not ({PARALLEL})"' in script
+    assert script.index(f'-m "not ({PARALLEL})"') < script.index("chrt --idle -p 0 $$") < script.index(PARALLEL + '"')
 
 
 def test_an_unmarked_test_that_starts_a_process_fails_even_if_it_catches_the_error(pytester):

@@ -25,9 +25,11 @@ def test_control_plane_over_torch_distributed(np_, tmp_path):
 def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
     log_dir = tmp_path / f"log-{launcher}-{np_}"
     flags = ["--engine", "torch", "--strategy", "fixed", "--batch-sizes", batch_sizes, *extra]
-    args = train_args(path, log_dir, *flags, updates=12, momentum=0.9)
+    args = train_args(path, log_dir, *flags, updates=4, momentum=0.9)
     if launcher == "torchrun":
         proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=180)
+    elif np_ == 1:
+        proc = run_cli(*args, timeout=400)
     else:
         proc = mpirun(np_, bno_cmd(*args), timeout=400)
     assert_ok(proc)
@@ -36,10 +38,10 @@ def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, fashion_available):
-    """The reference of both launchers: one process on all 32 samples (a world of one rank under
-    mpirun; which launcher started it cannot change its updates)."""
+    """The reference of both launchers: one process on all 32 samples (a plain process, a world of
+    one rank; which launcher started it cannot change its updates)."""
     where = tmp_path_factory.mktemp("torch-engine-one")
-    return train("mpirun", 1, "32", where / "single.pt", where)[1]
+    return train("plain", 1, "32", where / "single.pt", where)[1]
 
 
 @pytest.mark.mpi

@@ -25,11 +25,11 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
             "--strategy",
             strategy,
             "--updates",
-            "40",
+            "20",
             "--base-batch-size",
             "16",
             "--rebalance-every",
-            "10",
+            "5",
             "--latency-interval",
             "1",
             "--log-dir",
@@ -40,11 +40,12 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
     )
     assert_ok(proc)
     acc, total = accuracy_of(proc)
+    print(f"{np_} ranks, {strategy}: test accuracy {acc}")
     assert total == 10000
-    assert acc > 0.3, f"accuracy {acc} not above chance (0.1)"
+    assert acc > 0.3, f"accuracy {acc} not above chance (0.1)"  # measured after 20 updates: 0.46 (1), 0.48 (4)
     assert proc.stdout.count("test accuracy") == 1  # only rank 0 prints
     records = [json.loads(line) for line in (log_dir / "updates.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in records] == list(range(40))
+    assert [r["update"] for r in records] == list(range(20))
     for r in records:
         assert len(r["batch_sizes"]) == np_ and all(b >= 1 for b in r["batch_sizes"])
         assert r["weight_update_time"] > 0 and r["samples_per_s"] > 0 and r["loss"] > 0
@@ -68,6 +69,6 @@ def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_a
     if strategy == "bno" and np_ == 4:
         # eq. (5) was applied at the first rebalance and the LR follows the global batch (linear rule)
         assert records[0]["batch_sizes"] == [16] * 4
-        assert records[10]["batch_sizes"] != [16] * 4
-        r = records[10]
+        assert records[5]["batch_sizes"] != [16] * 4
+        r = records[5]
         assert r["lr"] == pytest.approx(0.02 * r["global_batch"] / 64)

@@ -1,13 +1,17 @@
-"""Bad text under real mpirun with 2 ranks: an empty directory, an empty line, a file that is not
-UTF-8 each end every rank with one ``bno-hvd: error:`` line naming the file (exit 2, no traceback,
-no hang); a line longer than --max-seq-len is cut into pieces, said once in a note, and trains."""
+"""Bad text under real mpirun with 2 ranks: a file that is not UTF-8 ends every rank with one
+``bno-hvd: error:`` line naming the file (exit 2, no traceback, no hang); a line longer than
+--max-seq-len is cut into pieces, said once in a note, and trains. The other bad inputs (an empty
+directory, an empty line, a JSON line without text) raise in the same call on every rank
+(``read_documents``); their messages are ``tests/data/test_text.py``'s, and a line of spaces is
+an empty line here."""
 
 import json
 
 import pytest
 from support.jobs import bno_cmd, mpirun
 
-pytestmark = pytest.mark.mpi
+from bno_hvd.common.errors import UsageError
+from bno_hvd.data.corpus import read_documents
 
 RUN = ["train", "--dataset", "text", "--model", "gpt-mini", "--max-seq-len", "16", "--vocab-size", "300"]
 RUN += ["--updates", "3", "--base-batch-size", "2", "--no-progress", "--latency-interval", "0"]
@@ -18,18 +22,16 @@ def lines_with(proc, marker):
     return [line for line in (proc.stdout + proc.stderr).splitlines() if marker in line]
 
 
-@pytest.mark.parametrize(
-    "content,words",
-    [
-        (None, ["holds no .txt or .jsonl files"]),
-        ("\n".join(LINES[:5] + ["   "] + LINES[5:]).encode() + b"\n", ["docs.txt line 6 is empty"]),
-        ("\n".join(LINES).encode() + b"\nna\xefve\n", ["docs.txt is not UTF-8", "line 41", "iconv"]),
-    ],
-    ids=["empty directory", "empty line", "not UTF-8"],
-)
-def test_bad_text_ends_every_rank_with_one_line(tmp_path, content, words):
-    if content is not None:
-        (tmp_path / "docs.txt").write_bytes(content)
+def test_a_line_of_spaces_is_an_empty_line(tmp_path):
+    (tmp_path / "docs.txt").write_text("\n".join(LINES[:5] + ["   "] + LINES[5:]) + "\n")
+    with pytest.raises(UsageError, match="docs.txt line 6 is empty"):
+        read_documents(str(tmp_path))
+
+
+@pytest.mark.mpi
+def test_bad_text_ends_every_rank_with_one_line(tmp_path):
+    (tmp_path / "docs.txt").write_bytes("\n".join(LINES).encode() + b"\nna\xefve\n")
+    words = ["docs.txt is not UTF-8", "line 41", "iconv"]
     proc = mpirun(2, bno_cmd(*RUN, "--data-dir", str(tmp_path)), timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = lines_with(proc, "bno-hvd: error:")
@@ -38,6 +40,7 @@ def test_bad_text_ends_every_rank_with_one_line(tmp_path, content, words):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.mpi
 def test_a_line_longer_than_max_seq_len_is_cut_into_pieces(tmp_path):
     long_line = " ".join(f"w{i}" for i in range(300))  # hundreds of tokens at --max-seq-len 16
     (tmp_path / "docs.txt").write_text("\n".join(LINES + [long_line]) + "\n")

@@ -1,4 +1,5 @@
-"""A short real multi-rank bench run: checks the output's structure (never its speed)."""
+"""A short real multi-rank bench run: checks the output's structure (never its speed). Two ranks,
+one emulated 2x slower: the structure (a move of the split, a rank that waits) needs no more."""
 
 import csv
 import dataclasses
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.mpi
 def test_bench_writes_table_json_csv_png(tmp_path):
     out = tmp_path / "bench"
     proc = horovodrun(
-        4,
+        2,
         bno_cmd(
             "bench",
             "--dataset",
@@ -32,9 +33,9 @@ def test_bench_writes_table_json_csv_png(tmp_path):
             "--strategies",
             "equal,balanced,bno,fixed",
             "--batch-sizes",
-            "9,9,9,5",
+            "9,5",
             "--emulate-speed",
-            "1,1,1,0.5",
+            "1,0.5",
             "--emulate-rate",
             "2000",
             "--base-batch-size",
@@ -50,11 +51,11 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         timeout=400,
     )
     assert_ok(proc)
-    assert "EMULATED heterogeneity: speeds 1,1,1,0.5" in proc.stdout
+    assert "EMULATED heterogeneity: speeds 1,0.5" in proc.stdout
     records = json.loads((out / "bench.json").read_text())
     assert [r["strategy"] for r in records] == ["equal", "balanced", "bno", "fixed"]
-    assert records[3]["final_batch_sizes"] == [9, 9, 9, 5]  # --batch-sizes went to 'fixed' only
-    assert records[0]["final_batch_sizes"] == [8, 8, 8, 8]
+    assert records[3]["final_batch_sizes"] == [9, 5]  # --batch-sizes went to 'fixed' only
+    assert records[0]["final_batch_sizes"] == [8, 8]
     for r in records:
         for key in ("samples_per_s", "speedup_vs_equal", "fraction_of_ideal", "control_overhead"):
             assert isinstance(r[key], float) and r[key] == r[key], (key, r)
@@ -62,7 +63,7 @@ def test_bench_writes_table_json_csv_png(tmp_path):
         assert r["emulation"].startswith("EMULATED")
         # the allreduce alone, measured at the start of each run on every rank: wall and CPU > 0
         assert 0 < r["allreduce_alone"] < r["mean_weight_update_time"] * 50, r
-        assert len(r["rank_breakdown"]) == 4 and all(b["cpu_alone"] > 0 for b in r["rank_breakdown"]), r
+        assert len(r["rank_breakdown"]) == 2 and all(b["cpu_alone"] > 0 for b in r["rank_breakdown"]), r
     assert records[0]["speedup_vs_equal"] == 1.0
     # every change of the split, and every decision with a note, as the run's own log shows them
     # (equal and fixed never move)
@@ -91,7 +92,7 @@ def test_bench_writes_table_json_csv_png(tmp_path):
     for name in ("equal", "balanced", "bno"):
         lines = (out / "runs" / name / "updates.jsonl").read_text().splitlines()
         assert len(lines) == 10
-        # the per-rank timeline of compute (blue) and waiting (orange; rank 3 is emulated 2x slower)
+        # the per-rank timeline of compute (blue) and waiting (orange; rank 1 is emulated 2x slower)
         assert_png_drawing(out / f"stragglers_{name}.png", colours=((0.122, 0.467, 0.706), (1.0, 0.498, 0.055)))
         assert len(list((tmp_path / "tb" / name).glob("events.out.tfevents.*"))) == 1  # one directory per run
 

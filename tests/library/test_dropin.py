@@ -1,6 +1,7 @@
 """The drop-in surface for a Horovod script (bno_hvd.DataLoader, bno_hvd.DistributedOptimizer,
 exact_dropout): the update of the whole global batch under uneven splits, and one line for
-what cannot be exact. Under mpirun (real Horovod, 4 or 2 ranks), and the dropout masks alone."""
+what cannot be exact. Under mpirun (real Horovod, 4 or 2 ranks), and the dropout masks alone.
+The gradient cases and the refusals share one 4-rank job (a job's start-up costs more than its cases)."""
 
 import re
 import subprocess
@@ -18,16 +19,22 @@ from bno_hvd.processes import mpienv
 from bno_hvd.processes.world import EXIT_WAIT_SECONDS
 
 SCRIPT = "tests/support/mpi_scripts/dropin_cases.py"
+RANKS = ["0", "1", "2", "3"]
+
+
+@pytest.fixture(scope="module")
+def grads_then_refusals():
+    """One 4-rank job: the gradient cases, then the refusals (the last of which ends the job)."""
+    return mpirun(4, python_cmd(SCRIPT, "grads", "refusals"), timeout=300)
 
 
 @pytest.mark.mpi
-def test_gradients_are_the_global_batch_gradient_on_uneven_changing_ranks():
-    proc = mpirun(4, python_cmd(SCRIPT, "grads"), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for case in ("op=average passes=1", "op=sum passes=1", "op=average passes=2"):
+def test_gradients_are_the_global_batch_gradient_on_uneven_changing_ranks(grads_then_refusals):
+    proc = grads_then_refusals
+    for case in ("op=average passes=1", "op=sum passes=1", "op=average passes=2", "batches+lr", "adasum-even"):
         # mpirun may put two ranks' lines on one (a tag between a line and its newline): find, not split
         ranks = re.findall(rf"rank (\d): {re.escape(case)}: ok", proc.stdout)
-        assert sorted(ranks) == ["0", "1", "2", "3"], proc.stdout[-3000:]
+        assert sorted(ranks) == RANKS, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 REFUSED = {  # case of the script -> what its one line says (in the script's order; the last ends the job)
@@ -39,16 +46,16 @@ REFUSED = {  # case of the script -> what its one line says (in the script's ord
 
 
 @pytest.mark.mpi
-def test_what_cannot_be_exact_is_refused_with_one_line():
-    """One job, the refusals one after another: every rank raises each but the last alike (a
-    one-line UsageError of exit code 2 that no rank found alone, which the one-line hook prints
-    once); the last, not caught, ends the job with one line and exit code 2."""
-    proc = mpirun(2, python_cmd(SCRIPT, "refusals"), timeout=180)
+def test_what_cannot_be_exact_is_refused_with_one_line(grads_then_refusals):
+    """After the gradient cases, the refusals one after another: every rank raises each but the
+    last alike (a one-line UsageError of exit code 2 that no rank found alone, which the one-line
+    hook prints once); the last, not caught, ends the job with one line and exit code 2."""
+    proc = grads_then_refusals
     text = proc.stdout + proc.stderr
     *caught, last = REFUSED
     for case in caught:
         said = re.findall(rf"rank (\d): {case} refused: (.*)", proc.stdout)
-        assert sorted(r for r, _ in said) == ["0", "1"] and all(REFUSED[case] in m for _, m in said), text[-3000:]
+        assert sorted(r for r, _ in said) == RANKS and all(REFUSED[case] in m for _, m in said), text[-3000:]
     errors = [line for line in text.splitlines() if "bno-hvd: error:" in line]
     assert proc.returncode == 2, text[-3000:]
     assert len(errors) == 1 and REFUSED[last] in errors[0], text[-3000:]

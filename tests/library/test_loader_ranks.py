@@ -23,15 +23,21 @@ pytestmark = pytest.mark.mpi
 # -- every sample exactly once per epoch ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["persistent", "recreate", "batches"])
-def test_every_sample_once_per_epoch_across_ranks(mode, tmp_path):
-    proc = mpirun(
-        4,
-        python_cmd(os.path.join(ROOT, "tests", "support", "mpi_scripts", "loader_coverage.py"), str(tmp_path), mode),
-        timeout=240,
-    )
-    assert_ok(proc)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+MODES = ["persistent", "recreate", "batches"]
+
+
+@pytest.fixture(scope="module")
+def coverage(tmp_path_factory):
+    """One 4-rank job runs the three modes one after another (a job's start-up costs more than a mode)."""
+    out = tmp_path_factory.mktemp("coverage")
+    script = os.path.join(ROOT, "tests", "support", "mpi_scripts", "loader_coverage.py")
+    assert_ok(mpirun(4, python_cmd(script, str(out), *MODES), timeout=240))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_sample_once_per_epoch_across_ranks(mode, coverage):
+    ranks = [json.loads((coverage / f"{mode}-rank{r}.json").read_text()) for r in range(4)]
     assert [r["lag"] for r in ranks] == [5] * 4  # 2 workers x prefetch 2 + 1, agreed by all ranks
     n, updates = 103, 45
     stream, cum = [], 0

@@ -133,15 +133,15 @@ def train_on_images(data, *flags, timeout=400):
 
 def test_an_image_folder_trains_end_to_end_with_a_torchvision_model(tmp_path):
     data, log = write_image_folder(tmp_path / "images"), tmp_path / "log"
-    flags = ["--model", "resnet18", "--num-workers", "2", "--updates", "12", "--base-batch-size", "6"]
-    proc = train_on_images(data, *flags, "--rebalance-every", "4", "--lr", "0.05", "--log-dir", str(log))
+    flags = ["--model", "resnet18", "--num-workers", "2", "--updates", "6", "--base-batch-size", "6"]
+    proc = train_on_images(data, *flags, "--rebalance-every", "3", "--lr", "0.05", "--log-dir", str(log))
     assert_ok(proc)
     m = re.search(r"test accuracy: ([0-9.]+) \((\d+)/(\d+)\)", proc.stdout)
     assert m and int(m.group(3)) == 12, proc.stdout[-2000:]
     run = json.loads((log / "run.json").read_text())
     assert run["config"]["model"] == "resnet18" and run["allocation_lag"] == 5
     steps = steps_from_json(json.loads((log / "ranks.json").read_text()))
-    assert [len(s) for s in steps] == [12, 12] and all(x.batch >= 1 for s in steps for x in s)
+    assert [len(s) for s in steps] == [6, 6] and all(x.batch >= 1 for s in steps for x in s)
 
 
 def test_a_corrupt_image_names_the_file_and_ends_every_rank(tmp_path):
@@ -156,7 +156,8 @@ def test_a_corrupt_image_names_the_file_and_ends_every_rank(tmp_path):
 
 
 def test_a_model_given_as_module_function_trains(tmp_path):
-    proc = horovodrun(
+    """(Plain mpirun: the launcher is not the point; the tests above use horovodrun.)"""
+    proc = mpirun(
         2,
         bno_cmd(
             "train",

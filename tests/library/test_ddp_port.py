@@ -97,24 +97,25 @@ def test_the_plain_ddp_twin_trains_under_torchrun(tmp_path, fashion_available):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, fashion_available):
-    """The reference: the example in one process on the whole global batch (128, lr 4 x 0.01)."""
+    """The reference: the example in one process on the whole global batch (16, lr 4 x 0.01), under
+    mpirun (the launcher is not the point of a reference; torchrun's own process costs a torch import)."""
     where = tmp_path_factory.mktemp("ddp-one")
-    data = write_fashion_subset(where / "data", FASHION_DIR, train=4000, test=1000)
-    args = [*ARGS, "--data-dir", data, "--batch-size", "128", "--lr", "0.04", "--rebalance-every", "2"]
-    return data, run_ddp("torchrun", 1, where / "one", DDP_EXAMPLE, args)
+    data = write_fashion_subset(where / "data", FASHION_DIR, train=500, test=100)
+    args = [*ARGS, "--data-dir", data, "--batch-size", "16", "--lr", "0.04", "--rebalance-every", "2"]
+    return data, run_ddp("mpirun", 1, where / "one", DDP_EXAMPLE, args)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=TORCHRUN_EXIT_HANG), "mpirun"])
 def test_the_ddp_port_on_4_uneven_ranks_equals_one_process(launcher, tmp_path, one_process):
     data, (single_proc, single, single_sizes) = one_process
-    four = [*ARGS, "--data-dir", data, "--batch-size", "32", "--lr", "0.01", "--rebalance-every", "2"]
+    four = [*ARGS, "--data-dir", data, "--batch-size", "4", "--lr", "0.01", "--rebalance-every", "2"]
     multi_proc, multi, sizes = run_ddp(launcher, 4, tmp_path / "four", DDP_EXAMPLE, four)
 
     per_update = list(zip(*sizes))
-    # one `for` = the global batches that start in the epoch: ceil(4000/128) = 32, then 31
+    # one `for` = the global batches that start in the epoch: ceil(500/16) = 32, then 31
     assert len(per_update) == len(single_sizes[0]) == 32 + 31
-    assert all(sum(s) == 128 for s in per_update) and set(single_sizes[0]) == {128}
+    assert all(sum(s) == 16 for s in per_update) and set(single_sizes[0]) == {16}
     assert sum(len(set(s)) > 1 for s in per_update) > 50  # uneven in (nearly) every update
     changes = sum(a != b for a, b in zip(per_update, per_update[1:]))
     assert changes >= 25, changes  # a new split every 2 updates (the first ones are fixed by the lag)

@@ -17,7 +17,7 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
   ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
   out).
 
-Every rank (a one-rank run too) trains 12 updates (``resnet18``: 6) of 16 samples (global batch)
+Every rank (a one-rank run too) trains 12 updates (``resnet18``: 4) of 16 samples (global batch)
 of the real Fashion-MNIST; with 4 ranks the split follows :data:`SPLITS`, one entry per 2 updates,
 a rank at 1 sample in each. ``resnet18`` is torchvision's, on the 28x28 images as they are (its
 layer4 maps are 1x1, so a rank at 1 sample has one value per channel there: only the global
@@ -108,7 +108,7 @@ class Reports:
 
 
 def run_dropin(mode, model_name, data, plain):
-    updates = UPDATES // 2 if model_name == "resnet18" else UPDATES  # 3 splits: resnet18 is the costly one
+    updates = UPDATES // 3 if model_name == "resnet18" else UPDATES  # 2 splits: resnet18 is the costly one
     bal = bno.Balancer.for_world(data, 4, strategy_for(mode, hvd.size()), seed=SEED, rebalance_every=2)
     loader = bno.DataLoader(data, sampler=bal)
     model = model_named(model_name)

@@ -21,7 +21,7 @@ opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), o
 monitor = MetricsMonitor(MPI.COMM_WORLD.Dup()).start()  # memory + latency on a thread
 bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data), monitor=monitor)
 loader = bal.loader(data, num_workers=2, persistent_workers=True)  # this rank's slices
-for batch in bal.batches(loader, updates=60):  # epoch after epoch
+for batch in bal.batches(loader, updates=100):  # epoch after epoch
     step = bal.start_step(batch)  # weight = n_rank / sum(n) of this batch's update
     x, y = batch.data
     opt.zero_grad()

@@ -25,7 +25,7 @@ work = work_per_sequence(seqs.lengths, cost)
 text = TextOptions(lengths=seqs.lengths, work=work, cost=cost, shares=True, global_tokens=2048)
 bal = Balancer(MPI.COMM_WORLD.Dup(), strategy, len(seqs), text=text)
 loader = bal.loader(seqs, num_workers=1, collate_fn=collate_tokens)  # this rank's sequences, shortest first
-for batch in bal.batches(loader, updates=20):
+for batch in bal.batches(loader, updates=40):
     step = bal.start_step(batch)  # weight = this rank's tokens / the global batch's tokens
     inputs, targets = inputs_and_targets(*batch.data)  # padded to this batch's longest; padding ignored
     opt.zero_grad()

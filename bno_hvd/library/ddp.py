@@ -14,8 +14,8 @@ Usage (the drop-in, :func:`bno_hvd.DistributedDataParallel`)::
 
     model = bno.DistributedDataParallel(model, balancer=train_sampler)   # was DDP(model)
 
-bno-hvd's own training loop (``--engine torch``) weights the loss instead and registers the hook
-with ``weight=lambda: 1.0``: the same sum.
+bno-hvd's own training loop (``--engine torch``) does not use DDP: it sums the gradients after
+each rank's compute phase, as with Horovod (:class:`bno_hvd.processes.torchworld.SummedGradients`).
 """
 
 import torch
@@ -84,16 +84,6 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
     return ddp
 
 
-def loop_ddp(module, balancer, device_ids=None):
-    """DDP for bno-hvd's own loop (``--engine torch``), which weights each rank's loss itself: the
-    hook only sums (weight 1). Buffers stay each rank's own between updates, as with Horovod (DDP
-    would send rank 0's at every forward); the end of each backward pass ends the compute phase."""
-    ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
-    ddp.register_comm_hook(WeightedAllreduce(lambda: 1.0), weighted_allreduce_hook)
-    _StepEnds(balancer, ddp, check=False)
-    return ddp
-
-
 def _weight(balancer) -> float:
     step = balancer.current_step
     return 1.0 if step is None else step.weight  # None: refused in the forward already
@@ -106,10 +96,9 @@ class _StepEnds:
     first gradient of the pass: it runs before DDP's own wait for the allreduce). The step itself
     ends when the loader draws the next batch (:class:`bno_hvd.DataLoader`)."""
 
-    def __init__(self, balancer, ddp, check: bool = True):
+    def __init__(self, balancer, ddp):
         self.balancer, self._queued = balancer, False
-        if check:
-            ddp.register_forward_pre_hook(self._check)
+        ddp.register_forward_pre_hook(self._check)
         for p in ddp.module.parameters():
             if p.requires_grad:
                 p.register_hook(self._first_gradient)

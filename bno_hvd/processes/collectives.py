@@ -73,9 +73,18 @@ def allreduce_alone(hvd, model, repeats: int = 20, warmup: int = 3) -> tuple[flo
 def set_passes(optimizer, passes: int) -> None:
     """Let Horovod accumulate ``passes`` backward passes (micro-batches) before it allreduces;
     ranks may differ (a rank's allreduce starts after its own last pass)."""
-    # (a plain optimizer, the torch engine's: DDP's no_sync holds the allreduce back instead, Run.parts)
+    # (the torch engine's optimizer has no such setting: it sums once, when submit_gradients says so)
     if getattr(optimizer, "backward_passes_per_step", passes) != passes:
         optimizer.set_backward_passes_per_step(passes)
+
+
+def submit_gradients(optimizer) -> None:
+    """The compute phase is over: the gradients' sum may start. Horovod's optimizer submitted each
+    gradient from its backward hook already; the torch engine's submits them all now
+    (:class:`bno_hvd.processes.torchworld.SummedGradients`)."""
+    submit = getattr(optimizer, "submit", None)
+    if submit is not None:
+        submit()
 
 
 def optimizer_step(optimizer, scaler=None) -> None:
@@ -83,10 +92,6 @@ def optimizer_step(optimizer, scaler=None) -> None:
     finish the allreduce, unscale, step without synchronising again, update the scale."""
     if scaler is None:
         optimizer.step()
-        return
-    if not hasattr(optimizer, "synchronize"):  # the torch engine: DDP reduced the gradients in backward()
-        scaler.step(optimizer)
-        scaler.update()
         return
     optimizer.synchronize()
     scaler.unscale_(optimizer)

@@ -1,12 +1,19 @@
 """The torch engine (``--engine torch``): torch.distributed in every rank instead of Horovod.
 
-Gradients go through ``DistributedDataParallel`` (:mod:`bno_hvd.library.ddp`; Gloo on CPUs,
-NCCL on GPUs); the control plane talks mpi4py under mpirun/srun, as with Horovod, and
+Gradients are summed by torch.distributed (Gloo on CPUs, NCCL on GPUs) after each rank's
+compute phase (:class:`SummedGradients`); the control plane talks mpi4py under mpirun/srun, as with Horovod, and
 torch.distributed object collectives on a Gloo group of its own under torchrun
 (:class:`~bno_hvd.processes.torchcomm.TorchComm`). The training loop asks ``world.hvd`` for a
 few collectives besides the gradients' (the logged loss, the evaluation's sums, the initial
 broadcast); :class:`TorchCollectives` answers them with torch.distributed, so the loop is the
 same for both engines.
+
+Not ``DistributedDataParallel`` in the loop: DDP reduces the gradients inside ``backward()``, so
+a fast rank's backward pass also waits for the slowest rank, and what the strategies read as its
+compute was wrong (EMULATED, speeds 1 : 0.3: 18 ms against 530 ms where Horovod's engine measured
+162 ms against 535 ms; docs/ddp.md). Users' own DDP scripts keep DDP
+(:func:`bno_hvd.DistributedDataParallel`), which marks the end of their compute at the end of
+the backward pass.
 
 Usage::
 
@@ -18,8 +25,10 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from bno_hvd.processes.heap import keep_freed_memory
 from bno_hvd.processes.mpienv import arrange_for_shared_cores
@@ -28,8 +37,8 @@ from bno_hvd.processes.mpienv import arrange_for_shared_cores
 class TorchCollectives:
     """The Horovod calls bno-hvd's loop makes besides the gradients', over torch.distributed's
     default group (every rank): sums (``op`` is always a sum there), asynchronous handles that
-    are polled, and rank 0's parameters and optimizer state sent to all. The gradients go through
-    DDP, so :meth:`DistributedOptimizer` leaves the optimizer as it is."""
+    are polled, and rank 0's parameters and optimizer state sent to all; the gradients' sum is
+    :meth:`DistributedOptimizer`'s."""
 
     Sum = "sum"
     global_process_set = None  # no process sets: a rank never sits out with this engine
@@ -69,7 +78,7 @@ class TorchCollectives:
         return tensor
 
     def DistributedOptimizer(self, optimizer, named_parameters=None, op=None):  # noqa: N802 - Horovod's name
-        return optimizer
+        return SummedGradients(optimizer, self)
 
     def broadcast_parameters(self, state: dict, root_rank: int = 0) -> None:
         for tensor in state.values():
@@ -78,6 +87,56 @@ class TorchCollectives:
     def broadcast_optimizer_state(self, optimizer, root_rank: int = 0) -> None:
         mine = optimizer.state_dict() if self.comm.Get_rank() == root_rank else None
         optimizer.load_state_dict(self.comm.bcast(mine, root=root_rank))
+
+
+class SummedGradients:
+    """``optimizer`` whose gradients are summed over every rank before it steps, as
+    ``hvd.DistributedOptimizer(op=hvd.Sum)`` does (the loop weights each rank's loss by its share,
+    so the sum is the global batch's mean gradient). Horovod's hooks submit each gradient during
+    backward; here :meth:`submit` starts one allreduce of them all, flattened, when the rank's
+    compute phase is over, and ``step()`` waits for it. ``_handles`` is read the way Horovod's is
+    (:func:`bno_hvd.processes.collectives.wait_for_allreduce` polls it instead of spinning)."""
+
+    def __init__(self, optimizer, collectives: TorchCollectives):
+        self.optimizer, self._collectives = optimizer, collectives
+        self._handles: dict = {}
+        self._grads: list = []
+        self._synchronize = True
+
+    def __getattr__(self, name):  # param_groups, zero_grad, state_dict, ...: the optimizer's
+        return getattr(self.optimizer, name)
+
+    def submit(self) -> None:
+        """Start the gradients' sum (every rank, after its backward passes)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+        for p in params:  # a parameter this batch did not reach: zeros, so every rank sends the same layout
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._grads = [p.grad for p in params]
+        flat = _flatten_dense_tensors(self._grads)
+        self._handles = {"gradients": (self._collectives.allreduce_async_(flat), None)}
+
+    def synchronize(self) -> None:
+        """Wait for the sum and put it into the gradients."""
+        for handle, _ in self._handles.values():
+            summed = self._collectives.synchronize(handle)
+            for grad, value in zip(self._grads, _unflatten_dense_tensors(summed, self._grads)):
+                grad.copy_(value)
+        self._handles, self._grads = {}, []
+
+    @contextmanager
+    def skip_synchronize(self):
+        """``step()`` without waiting (after :meth:`synchronize`, as with Horovod and a GradScaler)."""
+        self._synchronize = False
+        try:
+            yield
+        finally:
+            self._synchronize = True
+
+    def step(self, closure=None):
+        if self._synchronize:
+            self.synchronize()
+        return self.optimizer.step(closure)
 
 
 def backend_for(device: str) -> str:
@@ -107,7 +166,7 @@ def start_torch(device: str = "auto") -> tuple:
     else:
         control, monitor = TorchComm(), None  # no MPI: the latency probe (MPI ping-pong) is off
     plane = "MPI" if launch == "mpi" else "Gloo (torch.distributed)"
-    notes.append(f"--engine torch: gradients by DistributedDataParallel over {backend}, the control plane on {plane}")
+    notes.append(f"--engine torch: gradients summed by torch.distributed over {backend}, the control plane on {plane}")
     rank, size = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         for note in notes:

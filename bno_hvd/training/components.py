@@ -131,7 +131,6 @@ class Run:
     scaler: object = None  # a GradScaler with --amp on a GPU
     outside_limits: list | None = None  # per rank: the CPU limit its cgroup had at the start (None: none)
     task: object = ImageTask()  # bno_hvd.training.tasks: how batches reach the model, the loss, the score
-    ddp: object = None  # --engine torch: DistributedDataParallel around ``model`` (its training forwards)
 
     def __post_init__(self) -> None:
         self.scaler = self.device.grad_scaler()
@@ -145,26 +144,9 @@ class Run:
         """``loss.backward()``, through the GradScaler with ``--amp`` on a GPU."""
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    @property
-    def train_model(self):
-        """What a training forward goes through: the model, or with ``--engine torch`` its DDP."""
-        return self.model if self.ddp is None else self.ddp
-
     def parts(self, step, data):
-        """``(inputs, targets, share)`` per micro-batch of this rank's batch, on the model's device.
-        With DDP, every pass but the last accumulates without an allreduce (``no_sync``): ranks
-        may take different numbers of passes, and only their last one meets the others."""
-        parts = self.task.parts(step, data, self.device.torch, getattr(torch, self.cfg.dtype))
-        if self.ddp is None:
-            yield from parts
-            return
-        parts = list(parts)
-        for i, part in enumerate(parts):
-            if i == len(parts) - 1:
-                yield part
-            else:
-                with self.ddp.no_sync():
-                    yield part
+        """``(inputs, targets, share)`` per micro-batch of this rank's batch, on the model's device."""
+        return self.task.parts(step, data, self.device.torch, getattr(torch, self.cfg.dtype))
 
     def close(self) -> None:
         try:
@@ -240,12 +222,6 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             # only then: on fresh state Horovod's broadcast takes a zero-gradient step that would
             # start Adam's step count at 1
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        ddp = None
-        if getattr(world, "engine", "horovod") == "torch":  # after the broadcast: DDP sends rank 0's state once more
-            from bno_hvd.library.ddp import loop_ddp
-
-            device_ids = [prepared.device.torch.index] if prepared.device.is_cuda else None
-            ddp = loop_ddp(model, balancer, device_ids)
         loader = balancer.loader(
             prepared.data.train,
             num_workers=cfg.num_workers,
@@ -301,7 +277,6 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         resumed_from=resumed_from,
         outside_limits=outside,
         task=prepared.task,
-        ddp=ddp,
     )
 
 

@@ -63,7 +63,7 @@ class TrainConfig:
     device: str = "auto"  # auto: GPU local_rank where CUDA is available, else the CPU
     amp: bool = False  # mixed precision (float16 + GradScaler on a GPU, bfloat16 on the CPU)
     threads: int = 1  # torch threads per rank
-    engine: str = "horovod"  # the gradients' allreduce: horovod, or torch (DDP; also under torchrun)
+    engine: str = "horovod"  # the gradients' allreduce: horovod, or torch (torch.distributed; also under torchrun)
     collectives: str = "auto"  # what Horovod's allreduce runs on: auto, mpi, or gloo (waits without spinning)
     latency_interval: float = LATENCY_INTERVAL  # s between latency probes (0: off)
     probe_bytes: int = PROBE_BYTES  # ping-pong payload of a latency probe
@@ -326,7 +326,7 @@ PAIR_RULES: tuple[tuple[Callable[[Any], bool], Callable[[Any], str]], ...] = (
     (
         lambda c: c.engine == "torch" and split_spec(c.strategy)[1].get("sit_out", 0),
         lambda c: (
-            "--engine torch: a rank cannot sit an update out (DDP reduces over every rank); "
+            "--engine torch: a rank cannot sit an update out (its gradients are summed over every rank); "
             "drop sit_out= from --strategy (the torch engine never sits a rank out) or use --engine horovod"
         ),
     ),

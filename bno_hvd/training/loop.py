@@ -18,7 +18,14 @@ import time
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.common.errors import TrainingError
 from bno_hvd.library.catchup import CatchUp
-from bno_hvd.processes.collectives import LossSum, allreduce_alone, optimizer_step, set_passes, wait_for_allreduce
+from bno_hvd.processes.collectives import (
+    LossSum,
+    allreduce_alone,
+    optimizer_step,
+    set_passes,
+    submit_gradients,
+    wait_for_allreduce,
+)
 from bno_hvd.processes.collector import hold_setup, release_setup
 from bno_hvd.training.checkpoint import save_training_state
 from bno_hvd.training.components import Run, build_run, save_model
@@ -81,7 +88,7 @@ class Training:
     def update(self, batch) -> None:
         """One update of this rank, from its batch (every rank, collectively)."""
         run, cfg, world = self.run, self.cfg, self.world
-        hvd, model, opt, bal, hooks = world.hvd, run.train_model, run.optimizer, run.balancer, run.hooks
+        hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
         # -- this rank's step: forward, weighted loss, backward ------------------------
         t = time.perf_counter()
         if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
@@ -105,6 +112,7 @@ class Training:
         # -- gradient allreduce (Horovod, op=Sum) and the update --------------------------
         loss_sum = None
         if computes:
+            submit_gradients(opt)
             loss_sum = LossSum(hvd, loss * step.weight, self.sit_out.process_set)
             wait_for_allreduce(hvd, opt, [loss_sum.handle])
             optimizer_step(opt, run.scaler)

@@ -57,7 +57,7 @@ def test_train_with_the_torch_engine_equals_one_process(launcher, tmp_path, sing
     run = json.loads((tmp_path / f"log-{launcher}-4" / "run.json").read_text())
     assert run["collectives"] == "gloo" and run["world_size"] == 4
     plane = "MPI" if launcher == "mpirun" else "Gloo (torch.distributed)"
-    assert f"gradients by DistributedDataParallel over gloo, the control plane on {plane}" in proc.stderr
+    assert f"gradients summed by torch.distributed over gloo, the control plane on {plane}" in proc.stderr
 
     from bno_hvd.data.models import build_model
 
@@ -71,6 +71,22 @@ def test_the_torch_engine_refuses_sit_out_in_one_line():
     proc = run_cli("train", "--engine", "torch", "--strategy", "balanced:sit_out=2", "--dry-run")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "bno-hvd: error: --engine torch: a rank cannot sit an update out (DDP reduces over every rank); "
+        "bno-hvd: error: --engine torch: a rank cannot sit an update out (its gradients are summed over every rank); "
         "drop sit_out= from --strategy (the torch engine never sits a rank out) or use --engine horovod"
     ]
+
+
+@pytest.mark.mpi
+def test_the_torch_engine_measures_each_ranks_emulated_compute(tmp_path):
+    """A fast rank's compute phase is its own (an EMULATED device of 200 samples/s at speed 1 beside
+    one at 0.25): every update's measured compute is at least its emulated time. (DDP reduced the
+    gradients inside backward(): the fast rank's backward waited for the slow one, its emulation
+    then predicted no wait, and it measured its bare forward and backward, 18 ms against 162.)"""
+    log_dir = tmp_path / "log"
+    flags = ["--engine", "torch", "--strategy", "fixed", "--batch-sizes", "8,8"]
+    flags += ["--emulate-speed", "1,0.25", "--emulate-rate", "200", "--dtype", "float32"]
+    assert_ok(mpirun(2, bno_cmd(*train_args(tmp_path / "m.pt", log_dir, *flags, updates=6)), timeout=300))
+    ranks = json.loads((log_dir / "ranks.json").read_text())["ranks"]
+    for speed, rank in zip([1, 0.25], ranks):
+        emulated = [batch / (speed * 200) for batch in rank["batch"]]
+        assert len(emulated) == 6 and all(c >= e * 0.99 for c, e in zip(rank["compute"], emulated)), (speed, rank)

@@ -6,8 +6,9 @@ outputs, gradients and running statistics are no longer those of one process hol
 ``BatchNorm1d`` refuses a batch of one. :func:`exact_batchnorm` replaces every BatchNorm layer of a
 model by a :class:`GlobalBatchNorm` that uses the statistics of the global batch:
 
-- forward: one small Horovod allreduce (``op=Sum``) per layer of [count, sum, sum of squares] per
-  channel (float64), over the ranks that compute this update; mean and biased variance from them;
+- forward: one small allreduce (``op=Sum``; Horovod's, or torch.distributed's with the torch
+  engine or a DDP script) per layer of [count, sum, sum of squares] per channel (float64), over
+  the ranks that compute this update; mean and biased variance from them;
 - backward (a ``torch.autograd.Function``): one more of the sums of ``dy`` and ``dy * xhat``, the
   two global terms of BatchNorm's input gradient; the weight and bias gradients stay local sums,
   which the gradient allreduce adds up as it does every parameter's;
@@ -17,8 +18,8 @@ model by a :class:`GlobalBatchNorm` that uses the statistics of the global batch
   does): no communication.
 
 Same parameters, buffers and ``state_dict`` keys as the layer it replaces (the very tensors: an
-optimizer built before the conversion keeps working), on the CPU and on GPUs (Horovod's
-allreduce of CPU or GPU tensors, like the gradients'). A rank with 0 samples sits the update out
+optimizer built before the conversion keeps working), on the CPU and on GPUs (the allreduce of
+CPU or GPU tensors, like the gradients'). A rank with 0 samples sits the update out
 and runs no forward, so the allreduces run on the process set of the ranks that compute (the same
 one the gradients use, :mod:`bno_hvd.library.catchup`); a rank with 1 sample is fine. Every
 training forward must see this rank's whole batch: micro-batches under a memory cap cannot have
@@ -41,7 +42,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bno_hvd.common.errors import UsageError
-from bno_hvd.processes.collectives import wait_handles
+from bno_hvd.processes.collectives import running_collectives, wait_handles
 
 __all__ = ["GlobalBatchNorm", "exact_batchnorm", "inexact_norms"]
 
@@ -169,13 +170,16 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets: dict | None = N
 
     ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose batches the model trains on
     (each update's split: who computes, this rank's rows). ``process_sets``: rank r -> Horovod's
-    process set of every rank but r, for a loop in which a rank with 0 samples sits out
+    process set (torch.distributed: group) of every rank but r, for a loop in which a rank with 0 samples sits out
     (``World.sit_out_sets``); None: every rank always computes. Prints one ``bno-hvd: note:``
     (rank 0) naming the layers that use batch statistics and stay as they are. Collective in no way:
     call it on every rank alike, before the first training forward."""
-    import horovod.torch as hvd
+    engine = []  # the job's collectives, found at the first training forward
 
     def reduce(tensor, name, sizes):
+        if not engine:
+            engine.append(running_collectives())
+        hvd = engine[0]
         out = [r for r, b in enumerate(sizes) if b == 0]
         if out and process_sets is None:
             raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")

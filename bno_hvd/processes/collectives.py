@@ -17,9 +17,12 @@ plain Horovod loop burn it while the rank only waits:
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
+
+from bno_hvd.common.errors import UsageError
 
 POLL_FIRST, POLL_MAX = 1e-4, 2e-3  # seconds between polls: first, and the cap of the back-off
 
@@ -68,6 +71,25 @@ def allreduce_alone(hvd, model, repeats: int = 20, warmup: int = 3) -> tuple[flo
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
     return statistics.median(walls), statistics.median(cpus)
+
+
+def running_collectives():
+    """The collectives of this job's gradients, in Horovod's shape: ``horovod.torch`` where Horovod
+    is initialised, else torch.distributed's (the torch engine, a DDP script:
+    :class:`bno_hvd.processes.torchworld.TorchCollectives`). :class:`UsageError` when neither is."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is not None and hvd.is_initialized():
+        return hvd
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from bno_hvd.processes.torchworld import TorchCollectives
+
+        return TorchCollectives(None)
+    raise UsageError(
+        "neither Horovod nor torch.distributed is initialised: call hvd.init() or "
+        "torch.distributed.init_process_group() before the first training forward"
+    )
 
 
 def set_passes(optimizer, passes: int) -> None:

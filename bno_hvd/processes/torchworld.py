@@ -38,10 +38,11 @@ class TorchCollectives:
     """The Horovod calls bno-hvd's loop makes besides the gradients', over torch.distributed's
     default group (every rank): sums (``op`` is always a sum there), asynchronous handles that
     are polled, and rank 0's parameters and optimizer state sent to all; the gradients' sum is
-    :meth:`DistributedOptimizer`'s."""
+    :meth:`DistributedOptimizer`'s. Where Horovod takes a ``process_set``, this takes a
+    torch.distributed group (None: every rank)."""
 
     Sum = "sum"
-    global_process_set = None  # no process sets: a rank never sits out with this engine
+    global_process_set = None  # the default group: every rank
 
     def __init__(self, comm):
         import torch.distributed as dist
@@ -62,12 +63,23 @@ class TorchCollectives:
         return out
 
     def allreduce_async(self, tensor, op=Sum, name=None, process_set=None) -> int:
-        return self.allreduce_async_(tensor.clone(), op, name)
+        return self.allreduce_async_(tensor.clone(), op, name, process_set)
 
-    def allreduce_async_(self, tensor, op=Sum, name=None) -> int:
+    def allreduce_async_(self, tensor, op=Sum, name=None, process_set=None) -> int:
         handle, self._next = self._next, self._next + 1
-        self._work[handle] = (self._dist.all_reduce(tensor, async_op=True), tensor)
+        self._work[handle] = (self._dist.all_reduce(tensor, group=process_set, async_op=True), tensor)
         return handle
+
+    def sit_out_groups(self) -> dict | None:
+        """Collective: rank r -> the group of every rank but r, for r >= 1 (what Horovod's process
+        sets are to :func:`bno_hvd.processes.world.sit_out_sets`); None for one rank or more than
+        :data:`~bno_hvd.processes.world.MAX_SIT_OUT_RANKS`."""
+        from bno_hvd.processes.world import MAX_SIT_OUT_RANKS
+
+        size = self.size()
+        if not 2 <= size <= MAX_SIT_OUT_RANKS:
+            return None
+        return {r: self._dist.new_group([i for i in range(size) if i != r]) for r in range(1, size)}
 
     def poll(self, handle: int) -> bool:
         return self._work[handle][0].is_completed()
@@ -95,10 +107,13 @@ class SummedGradients:
     so the sum is the global batch's mean gradient). Horovod's hooks submit each gradient during
     backward; here :meth:`submit` starts one allreduce of them all, flattened, when the rank's
     compute phase is over, and ``step()`` waits for it. ``_handles`` is read the way Horovod's is
-    (:func:`bno_hvd.processes.collectives.wait_for_allreduce` polls it instead of spinning)."""
+    (:func:`bno_hvd.processes.collectives.wait_for_allreduce` polls it instead of spinning);
+    ``process_set``, the group of the ranks that compute (a rank may sit out), is set as on
+    Horovod's optimizer (:class:`bno_hvd.library.catchup.CatchUp`)."""
 
     def __init__(self, optimizer, collectives: TorchCollectives):
         self.optimizer, self._collectives = optimizer, collectives
+        self.process_set = None  # every rank
         self._handles: dict = {}
         self._grads: list = []
         self._synchronize = True
@@ -114,7 +129,8 @@ class SummedGradients:
                 p.grad = torch.zeros_like(p)
         self._grads = [p.grad for p in params]
         flat = _flatten_dense_tensors(self._grads)
-        self._handles = {"gradients": (self._collectives.allreduce_async_(flat), None)}
+        handle = self._collectives.allreduce_async_(flat, process_set=self.process_set)
+        self._handles = {"gradients": (handle, None)}
 
     def synchronize(self) -> None:
         """Wait for the sum and put it into the gradients."""

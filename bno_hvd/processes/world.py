@@ -86,7 +86,8 @@ class World:
     monitor_comm: object  # mpi4py communicator of the latency monitor
     notes: list[str]  # what start-up arranged, for run.json
     collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi or gloo (auto resolved)
-    # rank r -> Horovod's process set of every rank but r, for a rank that sits out (None: not made)
+    # rank r -> the process set (Horovod) or group (torch) of every rank but r, for a rank that sits
+    # out (None: not made)
     sit_out_sets: dict | None = None
     engine: str = "horovod"  # or torch: hvd is then bno_hvd.processes.torchworld.TorchCollectives
 
@@ -121,7 +122,9 @@ def init_world(
         from bno_hvd.processes.torchworld import start_torch
 
         hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device)
-        return World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
+        world = World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
+        world.sit_out_sets = hvd.sit_out_groups()
+        return world
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
     hvd = import_horovod()

@@ -323,11 +323,4 @@ PAIR_RULES: tuple[tuple[Callable[[Any], bool], Callable[[Any], str]], ...] = (
         lambda c: c.cpu_quota is not None and c.cpu_quota_schedule is not None,
         lambda c: "give --cpu-quota or --cpu-quota-schedule, not both",
     ),
-    (
-        lambda c: c.engine == "torch" and split_spec(c.strategy)[1].get("sit_out", 0),
-        lambda c: (
-            "--engine torch: a rank cannot sit an update out (its gradients are summed over every rank); "
-            "drop sit_out= from --strategy (the torch engine never sits a rank out) or use --engine horovod"
-        ),
-    ),
 )

@@ -1,5 +1,6 @@
 """A rank that sits out and comes back (``balanced``'s ``sit_out``, :mod:`bno_hvd.library.catchup`):
-real Horovod process sets, the real DataLoader with its empty batches, real Fashion-MNIST.
+real Horovod process sets (and torch.distributed groups with ``--engine torch``), the real
+DataLoader with its empty batches, real Fashion-MNIST.
 
 Rank 3 is an EMULATED device at 2% of the others' speed until update 15, then as fast: one of
 its samples takes longer than the other ranks' whole update, so ``balanced`` lets it sit out
@@ -13,7 +14,7 @@ import json
 import pytest
 import torch
 from support.checks import max_relative_difference
-from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
+from support.jobs import assert_ok, bno_cmd, horovodrun, mpirun, run_cli
 
 # outcome depends on speed (a rank 5x slower sits out): runs alone, one test after another (tiers.py)
 pytestmark = [pytest.mark.mpi, pytest.mark.alone]
@@ -22,7 +23,18 @@ COMMON = ("--updates", "30", "--optimizer", "adam", "--dtype", "float64", "--lr"
 COMMON += ("--base-batch-size", "8", "--no-eval", "--no-progress", "--latency-interval", "0")
 
 
-def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_available):
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, fashion_available):
+    """One plain process on the same 32-sample global batches (no launcher to start)."""
+    path = tmp_path_factory.mktemp("single") / "single.pt"
+    solo = ["train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(path), *COMMON]
+    solo[solo.index("--base-batch-size") + 1] = "32"
+    assert_ok(run_cli(*solo, timeout=300))
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("engine", ["horovod", "torch"])
+def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, single):
     schedule = tmp_path / "speeds.json"
     schedule.write_text(json.dumps([{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 15, "speeds": [1] * 4}]))
     multi = tmp_path / "multi"
@@ -43,8 +55,10 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
         "--save-model",
         str(tmp_path / "multi.pt"),
         *COMMON,
+        "--engine",
+        engine,
     )
-    assert_ok(horovodrun(4, args, timeout=400))
+    assert_ok(horovodrun(4, args, timeout=400) if engine == "horovod" else mpirun(4, args, timeout=400))
     records = [json.loads(line) for line in open(multi / "updates.jsonl")]
     sizes = [r["batch_sizes"] for r in records if "batch_sizes" in r]
     notes = [r["rebalance_note"] for r in records if r.get("rebalance_note")]
@@ -68,11 +82,6 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(tmp_path, fashion_a
     assert back and all(mine["catch_up"][u] > 0 and zero["catch_up"][u] > 0 for u in back), back
     assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back)
 
-    single = tmp_path / "single.pt"
-    solo = ["train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(single), *COMMON]
-    solo[solo.index("--base-batch-size") + 1] = "32"
-    assert_ok(run_cli(*solo, timeout=300))  # one plain process: no launcher to start
-    a, b = torch.load(tmp_path / "multi.pt", weights_only=True), torch.load(single, weights_only=True)
-    diff = max_relative_difference(a, b)
-    print(f"sat out and came back: max relative difference {diff:.3e}")
+    diff = max_relative_difference(torch.load(tmp_path / "multi.pt", weights_only=True), single)
+    print(f"{engine} engine, sat out and came back: max relative difference {diff:.3e}")
     assert diff <= 1e-10  # float64; measured 1.9e-13

@@ -1,4 +1,5 @@
-"""A user's own model for ``--model tests.support.user_model:small_mlp`` (tests/library/test_loader_ranks.py)."""
+"""A user's own models for ``--model tests.support.user_model:small_mlp`` (tests/library/test_loader_ranks.py)
+and ``...:small_bn`` (tests/training/test_torch_engine.py)."""
 
 from torch import nn
 
@@ -18,3 +19,9 @@ def small_mlp(num_classes: int = 10) -> nn.Module:
 
 def not_a_module():
     return "a string"
+
+
+def small_bn(num_classes: int = 10) -> nn.Module:
+    """A small model with BatchNorm (``tests/training/test_torch_engine.py``: exact BatchNorm with the torch engine)."""
+    layers = [nn.Flatten(), nn.Linear(28 * 28, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, num_classes)]
+    return nn.Sequential(*layers)

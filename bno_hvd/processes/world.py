@@ -123,7 +123,7 @@ def init_world(
 
         hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device)
         world = World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
-        world.sit_out_sets = hvd.sit_out_groups()
+        world.sit_out_sets = hvd.sit_out_groups(MAX_SIT_OUT_RANKS)
         return world
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)

@@ -44,14 +44,6 @@ def fixture_modules(tmp_path_factory):
     sys.path.remove(str(where))
 
 
-@pytest.fixture
-def kill_and_resume(tmp_path):
-    """``kill_and_resume(run_flags, **options)``: see :mod:`support.resume`."""
-    from support import resume
-
-    return lambda run, **options: resume.kill_and_resume(tmp_path, run, **options)
-
-
 # One real 2-rank experiment (EMULATED speeds 1 and 0.5, equal and balanced, 20 updates) whose
 # outputs test_experiment.py, test_stragglers.py and test_fuzz_report.py read (copies, never the
 # original). They are marked alone: launch/test runs them in its one-process phase, so it runs once.

@@ -1,6 +1,8 @@
 """The DataLoader path under real mpirun/horovodrun: every sample once per epoch with workers and
 changing allocations; 4 uneven ranks == 1 process on the global batch; a kill mid-epoch with
-workers resumes exactly; image folders, user models and the Horovod example port train."""
+workers resumes exactly (the suite's one kill-and-resume of an image run: checkpoints rotated,
+the killed run's log cut back, ``--resume`` bit-identical); image folders, user models and the
+Horovod example port train."""
 
 import json
 import os
@@ -16,6 +18,7 @@ from support.jobs import ROOT, assert_ok, bno_cmd, horovodrun, mpirun, python_cm
 
 from bno_hvd.allocation.sampler import epoch_permutation
 from bno_hvd.lab.logread import read_updates
+from bno_hvd.training.checkpoint import list_checkpoints
 from bno_hvd.training.results import steps_from_json
 
 pytestmark = pytest.mark.mpi
@@ -61,26 +64,36 @@ def test_every_sample_once_per_epoch_across_ranks(mode, coverage):
 # -- exactness and kill-and-resume through the DataLoader ---------------------------------------
 
 # 4 ranks, a random split of a global batch of 12 that changes every 2 updates, 2 loader workers
-# each, reading 90 images from disk (written by the test): epoch 0 ends inside update 7; the kill
-# at update 7 (after the checkpoint of update 6, kept for the test to read) is mid-epoch, with
-# allocations decided but not yet used.
+# each, reading 90 images from disk (written by the test), the latency probe every 2 updates: epoch 0
+# ends inside update 7; the kill at update 7 (after the checkpoint of update 6) is mid-epoch, with
+# allocations decided but not yet used. Checkpoints every 3 updates, 2 kept: 3 and 6 at the kill,
+# rotated to 9 and 12 by the resumed run.
 FLAGS = ["train", "--dataset", "imagefolder", "--image-size", "20", "--model", "cnn", "--updates", "14"]
-FLAGS += ["--dtype", "float64", "--lr", "0.05", "--seed", "3", "--no-eval", "--no-progress", "--latency-interval", "0"]
+FLAGS += ["--dtype", "float64", "--lr", "0.05", "--seed", "3", "--no-eval", "--no-progress", "--latency-interval", "2"]
 RANDOM = ["--strategy", "random", "--base-batch-size", "3", "--rebalance-every", "2", "--num-workers", "2"]
 
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
     """The 4-rank run straight through, and killed at update 7 and resumed (:mod:`support.resume`),
-    with the image folder it read."""
+    with the image folder it read and what was on disk between the kill and the resume."""
     root = tmp_path_factory.mktemp("resume")
     data = write_image_folder(root / "images", train=30, val=1)
     run = [*FLAGS, "--data-dir", str(data), *RANDOM]
-    return resume.kill_and_resume(root, run, kill_at=7, every=3, keep=4, timeout=300), data
+    between = {}
+
+    def after_kill(r):
+        between["model"] = r.model.exists()
+        between["checkpoints"] = [u for u, _ in list_checkpoints(str(r.ckpt))]
+        between["updates"] = [x.update for x in read_updates(str(r.log_dir))]
+        between["state"] = torch.load(r.ckpt / "ckpt-00000006.pt", map_location="cpu", weights_only=False)
+
+    r = resume.kill_and_resume(root, run, kill_at=7, every=3, keep=2, timeout=300, after_kill=after_kill)
+    return r, data, between
 
 
 def test_uneven_changing_ranks_through_workers_equal_one_process(resumed, tmp_path):
-    r, data = resumed
+    r, data, _ = resumed
     single = tmp_path / "single.pt"
     run = [*FLAGS, "--data-dir", str(data), "--strategy", "fixed", "--batch-sizes", "12"]
     assert_ok(mpirun(1, bno_cmd(*run, "--save-model", str(single), "--log-dir", str(tmp_path / "log")), timeout=300))
@@ -92,17 +105,23 @@ def test_uneven_changing_ranks_through_workers_equal_one_process(resumed, tmp_pa
 
 
 def test_killed_mid_epoch_with_workers_resumes_exactly(resumed):
-    r, _ = resumed
-    state = torch.load(r.ckpt / "ckpt-00000006.pt", map_location="cpu", weights_only=False)
+    r, _, between = resumed
+    # between the kill and the resume: no model yet, the two newest checkpoints, the log up to the
+    # kill (update 6 is in it and will be redone: the checkpoint holds 6 updates)
+    assert not between["model"] and between["checkpoints"] == [3, 6]
+    assert between["updates"] == list(range(7))
+    state = between["state"]
     pending = [u for u, _ in state["balancer"]["plan"]["changes"] if u > 6]
     assert state["balancer"]["plan"]["lag"] == 5 and pending, state["balancer"]["plan"]  # decided, not yet used
+    assert json.loads((r.log_dir / "run.json").read_text())["resumed_from"] == 6
+    assert [u for u, _ in list_checkpoints(str(r.ckpt))] == [9, 12]  # rotated
     ref, model = torch.load(r.ref_model, weights_only=True), torch.load(r.model, weights_only=True)
     assert all(torch.equal(model[k], ref[k]) for k in ref), max_relative_difference(model, ref)
     ref_records, records = read_updates(str(r.ref_log)), read_updates(str(r.log_dir))
-    assert [x.update for x in records] == list(range(14))
+    assert [x.update for x in records] == list(range(14))  # every update once, despite the kill
     assert [x.batch_sizes for x in records] == [x.batch_sizes for x in ref_records]
     assert [x.loss for x in records] == pytest.approx([x.loss for x in ref_records], rel=1e-12)
-    assert ref_records[-1].loss < ref_records[0].loss
+    assert ref_records[-1].loss < ref_records[0].loss  # it trained (not two initialisations compared)
 
 
 # -- users' data and models -----------------------------------------------------------------------

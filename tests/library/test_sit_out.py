@@ -24,22 +24,25 @@ COMMON += ("--base-batch-size", "8", "--no-eval", "--no-progress", "--latency-in
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, fashion_available):
+def single(tmp_path_factory, fashion_dir):
     """One plain process on the same 32-sample global batches (no launcher to start)."""
     path = tmp_path_factory.mktemp("single") / "single.pt"
-    solo = ["train", "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(path), *COMMON]
+    solo = ["train", "--data-dir", fashion_dir, "--strategy", "fixed", "--batch-sizes", "32", "--save-model", str(path)]
+    solo += COMMON
     solo[solo.index("--base-batch-size") + 1] = "32"
     assert_ok(run_cli(*solo, timeout=300))
     return torch.load(path, weights_only=True)
 
 
 @pytest.mark.parametrize("engine", ["horovod", "torch"])
-def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, single):
+def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, single, fashion_dir):
     schedule = tmp_path / "speeds.json"
     schedule.write_text(json.dumps([{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 15, "speeds": [1] * 4}]))
     multi = tmp_path / "multi"
     args = bno_cmd(
         "train",
+        "--data-dir",
+        fashion_dir,
         "--strategy",
         "balanced:sit_out=1",
         "--rebalance-every",

@@ -4,9 +4,9 @@ checkpoint) and resumed with ``--resume``. The tests compare the two ends. A tes
 already ran the uninterrupted job (for another comparison) passes it as ``reference`` instead of
 running it again: each 4-rank job costs seconds of start-up alone.
 
-Usage (through the ``kill_and_resume`` fixture of conftest.py)::
+Usage::
 
-    r = kill_and_resume(run_flags, after_kill=lambda r: ...)   # checks between the kill and the resume
+    r = kill_and_resume(tmp_path, run_flags, after_kill=lambda r: ...)   # checks between the kill and the resume
     torch.load(r.model), torch.load(r.ref_model), read_updates(str(r.log_dir)), ...
 """
 
@@ -14,10 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support.jobs import assert_ok, bno_cmd, mpirun
-
-# 20 updates in float64 with a fixed seed, no evaluation: what both runs of the scenario share
-EXACT_20 = ["--updates", "20", "--dtype", "float64", "--lr", "0.05", "--seed", "3", "--no-eval", "--no-progress"]
-EXACT_20 += ["--latency-interval", "2"]
 
 
 @dataclass

@@ -32,10 +32,11 @@ def train(np_, tmp_path, name, *flags):
     return torch.load(path, weights_only=True), [r["batch_sizes"] for r in records if "batch_sizes" in r], proc
 
 
-def test_resnet18_on_4_changing_uneven_ranks_equals_one_process(tmp_path, fashion_available):
-    split = ("--strategy", "random", "--rebalance-every", "1", "--base-batch-size", "2")
+def test_resnet18_on_4_changing_uneven_ranks_equals_one_process(tmp_path, fashion_dir):
+    data = ("--data-dir", fashion_dir)
+    split = (*data, "--strategy", "random", "--rebalance-every", "1", "--base-batch-size", "2")
     exact, sizes, proc = train(4, tmp_path, "exact", *split)
-    single, _, _ = train(1, tmp_path, "single", "--strategy", "fixed", "--batch-sizes", "8", "--local-batchnorm")
+    single, _, _ = train(1, tmp_path, "single", *data, "--strategy", "fixed", "--batch-sizes", "8", "--local-batchnorm")
     local, local_sizes, local_proc = train(4, tmp_path, "local", *split, "--local-batchnorm")
 
     assert len(sizes) == 2 and all(sum(s) == 8 for s in sizes) and sizes == local_sizes

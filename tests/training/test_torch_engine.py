@@ -22,9 +22,9 @@ def test_control_plane_over_torch_distributed(np_, tmp_path):
     assert len({tuple(r["sizes"]) for r in records}) == 1
 
 
-def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
+def train(launcher, np_, batch_sizes, path, tmp_path, data, extra=()):
     log_dir = tmp_path / f"log-{launcher}-{np_}"
-    flags = ["--engine", "torch", "--strategy", "fixed", "--batch-sizes", batch_sizes, *extra]
+    flags = ["--engine", "torch", "--data-dir", data, "--strategy", "fixed", "--batch-sizes", batch_sizes, *extra]
     args = train_args(path, log_dir, *flags, updates=4, momentum=0.9)
     if launcher == "torchrun":
         proc = torchrun(np_, ["-m", "bno_hvd", *args], timeout=180)
@@ -37,20 +37,20 @@ def train(launcher, np_, batch_sizes, path, tmp_path, extra=()):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, fashion_available):
+def single(tmp_path_factory, fashion_dir):
     """The reference of both launchers: one process on all 32 samples (a plain process, a world of
     one rank; which launcher started it cannot change its updates)."""
     where = tmp_path_factory.mktemp("torch-engine-one")
-    return train("plain", 1, "32", where / "single.pt", where)[1]
+    return train("plain", 1, "32", where / "single.pt", where, fashion_dir)[1]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
-def test_train_with_the_torch_engine_equals_one_process(launcher, tmp_path, single):
+def test_train_with_the_torch_engine_equals_one_process(launcher, tmp_path, single, fashion_dir):
     """Uneven ranks, three of them over their memory caps (5 -> 4+1, 11 -> 4+4+3, 13 -> 5+5+3
     samples: DDP's allreduce waits for each rank's last pass), equal one process on all 32."""
     caps = ["--max-batch", "4,4,16,5"]
-    proc, multi = train(launcher, 4, "5,11,3,13", tmp_path / "multi.pt", tmp_path, caps)
+    proc, multi = train(launcher, 4, "5,11,3,13", tmp_path / "multi.pt", tmp_path, fashion_dir, caps)
     diff = max_relative_difference(multi, single)
     print(f"--engine torch under {launcher}: max relative difference {diff:.3e}")
     assert diff <= 1e-9

@@ -27,9 +27,9 @@ from bno_hvd.training.results import steps_from_json
 pytestmark = pytest.mark.mpi
 
 
-def train_and_save(np_, batch_sizes, optimizer, dtype, tmp_path, extra=()):
+def train_and_save(np_, batch_sizes, optimizer, dtype, tmp_path, data, extra=()):
     path, log_dir = tmp_path / f"model-{np_}.pt", tmp_path / f"log-{np_}"
-    flags = ("--strategy", "fixed", "--batch-sizes", batch_sizes, *extra)
+    flags = ("--data-dir", data, "--strategy", "fixed", "--batch-sizes", batch_sizes, *extra)
     args = train_args(path, log_dir, *flags, updates=6, optimizer=optimizer, dtype=dtype)
     proc = mpirun(np_, bno_cmd(*args), timeout=400) if np_ > 1 else run_cli(*args, timeout=400)
     assert_ok(proc)
@@ -39,10 +39,10 @@ def train_and_save(np_, batch_sizes, optimizer, dtype, tmp_path, extra=()):
 @pytest.mark.parametrize(
     "optimizer,dtype,caps", [("sgd", "float32", None), ("adam", "float64", "4,4,16,5")], ids=["sgd", "adam-micro"]
 )
-def test_uneven_ranks_equal_single_process(optimizer, dtype, caps, tmp_path, fashion_available):
+def test_uneven_ranks_equal_single_process(optimizer, dtype, caps, tmp_path, fashion_dir):
     extra = ("--max-batch", caps) if caps else ()
-    multi = train_and_save(4, "5,11,3,13", optimizer, dtype, tmp_path, extra)
-    single = train_and_save(1, "32", optimizer, dtype, tmp_path)
+    multi = train_and_save(4, "5,11,3,13", optimizer, dtype, tmp_path, fashion_dir, extra)
+    single = train_and_save(1, "32", optimizer, dtype, tmp_path, fashion_dir)
     assert multi.keys() == single.keys()
     diff = max_relative_difference(multi, single)
     print(f"{optimizer}: max relative difference {diff:.3e}")

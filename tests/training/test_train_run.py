@@ -16,12 +16,14 @@ def accuracy_of(proc):
 
 
 @pytest.mark.parametrize("np_,strategy", [(1, "equal"), (4, "bno")])
-def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_available):
+def test_short_training_beats_chance_and_logs(np_, strategy, tmp_path, fashion_dir):
     log_dir = tmp_path / "log"
     proc = horovodrun(
         np_,
         bno_cmd(
             "train",
+            "--data-dir",
+            fashion_dir,
             "--strategy",
             strategy,
             "--updates",

@@ -34,6 +34,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -174,12 +175,10 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets: dict | None = N
     (``World.sit_out_sets``); None: every rank always computes. Prints one ``bno-hvd: note:``
     (rank 0) naming the layers that use batch statistics and stay as they are. Collective in no way:
     call it on every rank alike, before the first training forward."""
-    engine = []  # the job's collectives, found at the first training forward
+    collectives = functools.cache(running_collectives)  # the job's, found at the first training forward
 
     def reduce(tensor, name, sizes):
-        if not engine:
-            engine.append(running_collectives())
-        hvd = engine[0]
+        hvd = collectives()
         out = [r for r, b in enumerate(sizes) if b == 0]
         if out and process_sets is None:
             raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")

@@ -61,6 +61,21 @@ def test_a_rank_slowed_2x_loses_its_share_within_2_intervals_and_gets_it_back_wi
     assert share[13] > 0.9, share  # after rebalances at 120 and 130: back
 
 
+@pytest.mark.parametrize("sit_out_ok", [False, True], ids=["held-small", "sitting-out"])
+def test_a_rank_whose_limit_rises_from_006_to_045_gets_its_share_back_within_2_intervals(sit_out_ok):
+    # quota-tiny-lifted's shape: rank 3 at 0.06 of a core is held at 1 sample (or sits out) until
+    # its limit is lifted at update 60. What it measured under the old limit must not hold it
+    # there: the old balanced kept it at 1 sample to the end where it could not sit out (its
+    # arrival penalty, measured while it was starved, was never measured again)
+    profile = SimProfile("lifted", [0.45, 0.45, 0.45, 0.06], 20.0, schedule=[(60, [0.45] * 4, [0] * 4)])
+    strategy = build_strategy("balanced", profile)
+    strategy.sit_out_ok = sit_out_ok
+    run = simulate(profile, MACHINE, strategy, 150, seed=1)
+    share = [s[3] / np.mean(s[:3]) for s in run.splits]  # splits[k]: taken at update 10 * k
+    assert max(share[1:7]) < 0.1, share  # starved: 1 sample or none
+    assert min(share[8:]) > 0.75, share  # after the rebalances at 70 and 80: its share
+
+
 @pytest.mark.parametrize("profile", rng_profiles(12, 7, most=16, schedules=True), ids=lambda p: p.name)
 def test_the_global_batch_is_always_kept(profile):
     for spec in DEFAULT_STRATEGIES:

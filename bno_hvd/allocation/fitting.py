@@ -170,21 +170,19 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
 
     ``k`` (the fixed cost of a pass, in samples) is one number for the cluster: every rank runs the
     same code, and a CPU limit or a slower device scales fixed and per-sample costs together. It
-    is the ``k`` in ``[0, most]`` that fits the steps of every rank that ran two sizes or more
-    (least squares of each rank's times over their mean); where none did, ``shape`` (the last
-    one) stands, as one size cannot tell a fixed cost from a per-sample one. A step more than 2x
-    off the median of its rank's steps of its size is a hiccup (page faults, a noisy neighbour)
-    and is ignored. ``groups``: lists of ranks known to run at one speed (one CPU limit), which
-    share one ``c`` fitted to their steps together (each step with its own rank's passes).
+    is the ``k`` in ``[0, most]`` that fits the steps of every rank whose sizes differ by 25% or
+    more (least squares of each rank's times over their mean); where none did, ``shape``
+    (the last one) stands: one size cannot tell a fixed cost from a per-sample one, and two
+    close sizes under jittery steps (10 and 11 samples) gave any ``k`` from 0 to the limit. Every step counts:
+    under a long CFS period a rank's steps are bimodal (within its budget, or a whole period
+    later), and dropping either mode as outliers misjudged its mean by 20x. ``groups``: lists
+    of ranks known to run at one speed (one CPU limit), which share one ``c`` fitted to their
+    steps together (each step with its own rank's passes).
     Returns ``(k, c, noise)``: ``c`` per rank (NaN: no usable step), ``noise`` each rank's
     relative standard error (:func:`fit_noise`).
     """
-    steps = []
-    for samples in windows:
-        pts = np.array(valid_points(samples, window)).reshape(-1, 2)
-        med = np.array([np.median(pts[pts[:, 0] == b, 1]) for b in pts[:, 0]]).reshape(-1)
-        steps.append(pts[(pts[:, 1] >= med / 2) & (pts[:, 1] <= 2 * med)])
-    spanning = [(pts, cap) for pts, cap in zip(steps, caps) if np.unique(pts[:, 0]).size > 1]
+    steps = [np.array(valid_points(samples, window)).reshape(-1, 2) for samples in windows]
+    spanning = [(p, cap) for p, cap in zip(steps, caps) if len(p) and p[:, 0].max() >= 1.25 * p[:, 0].min()]
     k = float(shape)
     if spanning and most > 0:
         grid = np.concatenate([[0.0], np.geomspace(most / 1000, most, 61)])

@@ -32,12 +32,6 @@ def rng_profiles(count, seed, most=8, schedules=False):
 SHARE_PROFILES = [BY_NAME[n] for n in ("outside-equal-10ms", "outside-two-slow-20ms", "quota-own-10ms")] + [LEVELS]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="today's balanced, quota-own-10ms: ranks 0-2 (all at 0.45 of a core) held at 45,41,41 beside "
-    "rank 3 at 1 sample and at 44,40,44 beside it sitting out (+-5.5%: pooling and even-out do not "
-    "reach a split the sit-out logic made)",
-)
 def test_ranks_under_one_limit_keep_shares_within_5_percent():
     beyond = []  # (profile, split): a rank of a group under one limit off the group's mean share
     for profile in SHARE_PROFILES:

@@ -28,10 +28,9 @@ from bno_hvd.allocation.baselines import (
     RandomStrategy,
 )
 from bno_hvd.allocation.bno import BNOStrategy
-from bno_hvd.allocation.fitting import fit_affine, solve_equal_finish
+from bno_hvd.allocation.fitting import fit_shape, solve_equal_finish
 from bno_hvd.allocation.metrics import ClusterMetrics, usable_ranks
 from bno_hvd.allocation.metrics_file import load_metrics_file, metrics_to_json
-from bno_hvd.allocation.offsets import latency_offsets
 from bno_hvd.allocation.paper import bno_batch_sizes, compute_k, memory_weights, network_weights
 from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.allocation.strategy import Strategy, check_sizes
@@ -61,7 +60,7 @@ def make_strategy(
     """Build the named strategy; any bad argument raises :class:`UsageError` with a fix.
 
     ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
-    strategy's own knobs (e.g. ``smoothing``/``deadband`` for ``balanced``); ``name`` may carry
+    strategy's own knobs (e.g. ``deadband``/``sit_out`` for ``balanced``); ``name`` may carry
     them too, as a spec ``balanced:deadband=0.1:sit_out=0`` (``split_spec``).
     """
     name, spec_options = split_spec(name)
@@ -82,7 +81,7 @@ def split_spec(spec: str) -> tuple[str, dict]:
     """``"balanced:deadband=0.1:sit_out=0"`` -> ``("balanced", {"deadband": 0.1, "sit_out": 0})``.
 
     A strategy with some of its options set, as ``--strategy`` and bench's ``--strategies`` take it
-    (a bench can so compare ``balanced`` with ``balanced:throttle_weight=0``, an ablation). Values
+    (a bench can so compare ``balanced`` with ``balanced:sit_out=0``, an ablation). Values
     are integers, floats, ``none``, ``true`` or ``false``; whether the option exists and its value
     fits is the strategy's check. :class:`UsageError` names what is wrong."""
     name, *parts = str(spec).split(":")
@@ -134,9 +133,8 @@ __all__ = [
     "network_weights",
     "bno_batch_sizes",
     "round_to_total",
-    "fit_affine",
+    "fit_shape",
     "solve_equal_finish",
-    "latency_offsets",
     "load_metrics_file",
     "metrics_to_json",
     "BNOStrategy",

@@ -1,10 +1,10 @@
 """The model behind ``balanced``: fit each rank's step time, split a global batch so ranks finish together.
 
-:func:`fit_affine` fits ``t = a * passes(b) + c * b`` to a rank's recent (batch, seconds) pairs
-(``passes`` = micro-batches under a memory cap, 1 without), :func:`fit_joint` fits ranks with
-the same limit together, :func:`fit_noise` says how far that fit can be trusted,
-:func:`solve_equal_finish` finds the real batch sizes whose predicted times
-(plus per-rank offsets) are equal. :mod:`bno_hvd.allocation.balanced` decides when to use them.
+:func:`fit_shape` fits ``t_i = c_i * (k * passes_i(b) + b)`` to every rank's recent (batch,
+seconds) pairs, one fixed cost ``k`` (in samples) for all (``passes`` = micro-batches under a
+memory cap, 1 without); :func:`fit_noise` says how far a rank's fit can be trusted;
+:func:`solve_equal_finish` finds the real batch sizes whose predicted times (plus per-rank
+offsets) are equal. :mod:`bno_hvd.allocation.balanced` decides when to use them.
 """
 
 from __future__ import annotations
@@ -33,109 +33,6 @@ def valid_points(samples, window: int) -> list[tuple[float, float]]:
         for b, t in list(samples)[-window:]
         if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
     ]
-
-
-def fit_affine(samples, window: int = 8, cap: int | None = None) -> tuple[float, float] | None:
-    """Least-squares ``(a, c)`` for ``t = a * passes(b) + c * b`` over the last ``window`` (b, t) pairs.
-
-    ``passes(b) = ceil(b / cap)`` is the number of micro-batches a step of ``b`` samples takes
-    under the rank's memory cap (1 without a cap, where this is the affine fit ``t = a + c * b``):
-    ``a`` is the fixed cost of one forward/backward pass, ``c`` the cost of one sample. Pairs with
-    a non-finite or non-positive value, and outliers (time per sample more than 2x from the
-    window's median), are ignored; returns None if none remain.
-    """
-    pts = valid_points(samples, window)
-    if not pts:
-        return None
-    # A machine-wide hiccup (page faults, a noisy neighbour) can make one step several times
-    # slower on every rank; it says nothing about a rank's speed. Drop steps whose time per
-    # sample is more than 2x away from the window's median. A real slowdown becomes the median
-    # once it fills half the window, and then the old steps are the ones dropped.
-    med = float(np.median([t / b for b, t in pts]))
-    pts = [(b, t) for b, t in pts if med / 2 <= t / b <= 2 * med]
-    b = np.array([p[0] for p in pts])
-    t = np.array([p[1] for p in pts])
-    m = passes(b, cap)
-    x = np.column_stack([m, b])
-    if np.linalg.matrix_rank(x) == 2:
-        (a, c), *_ = np.linalg.lstsq(x, t, rcond=None)
-        if c > 0 and a >= 0 and c * b.mean() >= 1e-3 * a and _slope_resolved(x, t, a, c):
-            return float(a), float(c)
-    return 0.0, float((b * t).sum() / (b * b).sum())
-
-
-def _slope_resolved(x: np.ndarray, t: np.ndarray, a: float, c: float, max_rel_error: float = 0.5) -> bool:
-    """Whether the window pins the per-sample cost down: its standard error below half of ``c``.
-
-    Batch sizes close together (32 and 28 after a small move) under steps that jitter by a quota
-    period give a slope of any value - 9 ms fixed cost and 0.08 ms per sample was seen on equal
-    ranks - and extrapolating that to another size invents a gain. Then the origin fit is used.
-    With two points (or exact times) there is no spread to judge, and the fit stands."""
-    n = len(t)
-    if n <= 2:
-        return True
-    resid = t - x @ np.array([a, c])
-    sigma2 = float(resid @ resid) / (n - 2)
-    try:
-        var_c = sigma2 * float(np.linalg.inv(x.T @ x)[1, 1])
-    except np.linalg.LinAlgError:
-        return False
-    return math.sqrt(max(var_c, 0.0)) <= max_rel_error * c
-
-
-def fit_joint(windows, window: int, cap, sigmas: float) -> tuple[tuple[float, float] | None, list[int]]:
-    """One affine fit over the steps of several ranks known to run at one speed (the same CPU
-    limit and memory cap), and the ranks it holds for.
-
-    A rank held at one batch size cannot resolve its fixed cost alone: its fit through the origin
-    charges the fixed cost per sample, so of two equal ranks the one with fewer samples looks
-    slower per sample and is given fewer again (seen: 47,32,47 on three equal limits at a 100 ms
-    CFS period, each fit 15-20% apart). Their steps together span several sizes, which resolves
-    it. A rank whose mean residual from the joint fit is beyond ``sigmas`` standard errors of its
-    own steps is really different (another process on its core): it is left out, the worst
-    first, and the rest refitted. Returns ``(None, [])`` when the steps span one size, or the fit
-    does not resolve a fixed cost, or fewer than two ranks agree: their own fits stand then.
-    (``windows``: each rank's recent ``(batch, seconds)``; ``window``: how many of each count.)"""
-    own = {}
-    for i, samples in enumerate(windows):
-        pts = valid_points(samples, window)
-        if pts:
-            own[i] = np.array(pts)
-    members = sorted(own)
-    while len(members) >= 2:
-        union = np.concatenate([own[i] for i in members])
-        if len(set(union[:, 0].tolist())) < 2:
-            return None, []
-        a, c = fit_affine([tuple(p) for p in union], len(union), cap)
-        if a <= 0:
-            return None, []
-        excess = {}
-        for i in members:
-            b, t = own[i][:, 0], own[i][:, 1]
-            resid = t - (a * passes(b, cap) + c * b)
-            se = float(resid.std(ddof=1)) / math.sqrt(len(t)) if len(t) > 1 else math.inf
-            excess[i] = abs(float(resid.mean())) - sigmas * se
-        worst = max(members, key=lambda i: excess[i])
-        if excess[worst] <= 0:
-            return (float(a), float(c)), members
-        members.remove(worst)
-    return None, []
-
-
-def joint_fits(compute_samples, kinds, caps, window: int, sigmas: float) -> dict[int, tuple[float, float]]:
-    """``{rank: (a, c)}`` for the ranks :func:`fit_joint` fits together: those of one finite
-    ``kind`` (their CPU limit) and one memory cap. Ranks without a limit that binds (``kind``
-    inf) are never grouped: nothing says they run at one speed."""
-    groups: dict[tuple, list[int]] = {}
-    for i, (kind, cap) in enumerate(zip(kinds, caps)):
-        if np.isfinite(kind):
-            groups.setdefault((float(kind), cap), []).append(i)
-    out = {}
-    for (_, cap), ranks in groups.items():
-        if len(ranks) > 1:
-            fit, members = fit_joint([compute_samples[i] for i in ranks], window, cap, sigmas)
-            out.update({ranks[m]: fit for m in members})
-    return out
 
 
 def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
@@ -268,52 +165,46 @@ def _largest_batch(a: np.ndarray, c: np.ndarray, cap: np.ndarray, t: np.ndarray)
     return np.maximum(out, 0.0)
 
 
-def pool_indistinguishable(
-    a, c, noise, b: float, sigmas: float, kinds=None
-) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-    """Ranks whose fits the measurements cannot tell apart share one fit: their mean ``(a, c)``.
+def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, groups=None):
+    """One model for every rank: a step of ``b`` samples takes ``c_i * (k * passes_i(b) + b)`` s.
 
-    Each rank's predicted time at ``b`` samples (the mean share) is compared, in order, with the
-    geometric mean of the group before it; it joins that group when the two differ by at most
-    ``sigmas`` standard errors (``noise``: each fit's relative standard error; a group's is the
-    root mean square of its members' over the square root of its size). Ranks with the same limit
-    then get the same share instead of splitting on their fits' noise, which the deadband would
-    freeze (seen: 33,43,51 on three ranks at 0.45 of a core); ranks that really differ stay apart.
-    ``sigmas = 0`` pools nothing. ``kinds`` (one value per rank, e.g. its CPU limit) keeps ranks
-    known to differ apart: only ranks of one kind are pooled (a rank at 0.17 of a core held at a
-    few samples can look like one at 0.5 within the noise of a one-size fit). Returns the new
-    ``a``, ``c`` and the groups of more than one rank.
-
-    Usage::
-
-        pool_indistinguishable([0, 0, 0, 0], [1.0, 1.1, 0.95, 3.0], [0.1] * 4, 32, 2.24)
-        # -> c = [1.0167, 1.0167, 1.0167, 3.0], groups [[2, 0, 1]]
+    ``k`` (the fixed cost of a pass, in samples) is one number for the cluster: every rank runs the
+    same code, and a CPU limit or a slower device scales fixed and per-sample costs together. It
+    is the ``k`` in ``[0, most]`` that fits the steps of every rank whose sizes differ by 25% or
+    more (least squares of each rank's times over their mean); where none did, ``shape``
+    (the last one) stands: one size cannot tell a fixed cost from a per-sample one, and two
+    close sizes under jittery steps (10 and 11 samples) gave any ``k`` from 0 to the limit. Every step counts:
+    under a long CFS period a rank's steps are bimodal (within its budget, or a whole period
+    later), and dropping either mode as outliers misjudged its mean by 20x. ``groups``: lists
+    of ranks known to run at one speed (one CPU limit), which share one ``c`` fitted to their
+    steps together (each step with its own rank's passes).
+    Returns ``(k, c, noise)``: ``c`` per rank (NaN: no usable step), ``noise`` each rank's
+    relative standard error (:func:`fit_noise`).
     """
-    a = np.array(a, dtype=float)
-    c = np.array(c, dtype=float)
-    noise = np.asarray(noise, dtype=float)
-    if sigmas <= 0 or a.size < 2:
-        return a, c, []
-    t = a + c * float(b)
-    kinds = [0] * a.size if kinds is None else list(kinds)
-    groups: list[list[int]] = []
-    for kind in dict.fromkeys(kinds):
-        groups += _pool_kind(t, noise, [i for i in range(a.size) if kinds[i] == kind], sigmas)
-    pooled = [g for g in groups if len(g) > 1]
-    for g in pooled:
-        a[g], c[g] = a[g].mean(), c[g].mean()
-    return a, c, pooled
+    steps = [np.array(valid_points(samples, window)).reshape(-1, 2) for samples in windows]
+    spanning = [(p, cap) for p, cap in zip(steps, caps) if len(p) and p[:, 0].max() >= 1.25 * p[:, 0].min()]
+    k = float(shape)
+    if spanning and most > 0:
+        grid = np.concatenate([[0.0], np.geomspace(most / 1000, most, 61)])
+        for _ in range(2):  # a coarse grid, then a fine one around its best
+            k = float(grid[np.argmin(_misfit(spanning, grid))])
+            grid = np.linspace(k / 1.13, min(k * 1.13, most), 41)
+    c, noise = np.full(len(steps), np.nan), np.zeros(len(steps))
+    for group in groups or [[i] for i in range(len(steps))]:
+        x = np.concatenate([k * passes(steps[i][:, 0], caps[i]) + steps[i][:, 0] for i in group])
+        if len(x):
+            c[group] = float(np.concatenate([steps[i][:, 1] for i in group]) @ x / (x @ x))
+        for i in (i for i in group if len(steps[i])):
+            noise[i] = fit_noise([tuple(p) for p in steps[i]], len(steps[i]), caps[i], k * c[i], c[i])
+    return k, c, noise
 
 
-def _pool_kind(t: np.ndarray, noise: np.ndarray, ranks: list[int], sigmas: float) -> list[list[int]]:
-    order = sorted(ranks, key=lambda i: t[i])
-    groups = [[order[0]]]
-    for i in order[1:]:
-        group = groups[-1]
-        center = float(np.exp(np.mean(np.log(t[group]))))
-        spread = math.sqrt(float(np.mean(noise[group] ** 2)) / len(group))
-        if abs(math.log(t[i] / center)) <= sigmas * math.hypot(noise[i], spread):
-            group.append(i)
-        else:
-            groups.append([i])
-    return groups
+def _misfit(spanning, grid: np.ndarray) -> np.ndarray:
+    """For each ``k`` of ``grid``: the squared error of the best ``c * (k * passes + b)`` fit to
+    each rank's steps (times over their mean), summed over the ranks."""
+    total = np.zeros(grid.size)
+    for pts, cap in spanning:
+        t, x = pts[:, 1] / pts[:, 1].mean(), grid[:, None] * passes(pts[:, 0], cap)[None, :] + pts[:, 0]
+        c = (x @ t) / (x * x).sum(axis=1)
+        total += ((t - c[:, None] * x) ** 2).sum(axis=1)
+    return total

@@ -1,84 +1,13 @@
-"""What ``balanced`` adds to each rank's fixed cost besides its compute: the time it costs the
-others when it arrives last at the allreduce (:func:`arrival_penalties`), its sync phase paid at
-its CPU limit's rate (:func:`throttle_offsets`, with :func:`limit_changed` telling when that
-limit changed), and its links' latency (:func:`latency_offsets`). Each is in seconds, relative to
-the rank that pays least, so a uniform cluster gets nothing. The model they enter is described
-in :mod:`bno_hvd.allocation.balanced`."""
+"""What ``balanced`` adds to each rank's time besides its compute: its sync phase paid at its CPU
+limit's rate (:func:`throttle_offsets`), in seconds beyond the rank that pays least, so a uniform
+cluster gets nothing; and the helpers that write its notes and log lines. The model it enters is
+described in :mod:`bno_hvd.allocation.balanced`."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-
-
-def arrival_penalties(sync_samples, sigmas: float = 2.0) -> np.ndarray:
-    """Seconds each rank adds to the allreduce when it is the last to arrive (NaN: not seen often
-    enough to tell), from every rank's recent ``(update, sync seconds)``.
-
-    In an update every rank waits in the allreduce until the last one arrives, and the allreduce
-    then ends on all ranks together, so the shortest sync time of the update is the allreduce
-    itself and belongs to the rank that arrived last. A rank whose own part of the allreduce is
-    slow (a CPU quota it already spent on compute) makes that shortest time longer whenever it is
-    the last: the mean of those updates minus the mean of the others is its penalty. Giving
-    the rank that much less compute lets it arrive earlier. Only durations enter, each timed on
-    its own rank, so no common clock is needed.
-
-    The penalty is that difference less ``sigmas`` standard errors (Welch), and 0 below that:
-    under CPU quotas the allreduce jitters by several ms (a quota period hit or not), and on
-    equal ranks a "penalty" of noise moved samples back and forth (measured: 0.88x equal on four
-    ranks at 0.5 of a core). :class:`EqualFinishStrategy` keeps the rows of its last
-    ``arrival_window`` updates, since each rank is last in only about 1/N of them.
-    """
-    rows = list(complete_rows(sync_samples).values())
-    return penalties_from_rows(np.array(rows).reshape(-1, len(sync_samples)), sigmas)
-
-
-def complete_rows(sync_samples) -> dict[int, list[float]]:
-    """``{update: [sync seconds of rank 0, 1, ...]}`` for the updates every rank reported."""
-    n = len(sync_samples)
-    by_update: dict[int, dict[int, float]] = {}
-    for rank, pairs in enumerate(sync_samples):
-        for update, seconds in pairs:
-            if math.isfinite(seconds) and seconds >= 0:
-                by_update.setdefault(int(update), {})[rank] = float(seconds)
-    return {u: [v[r] for r in range(n)] for u, v in by_update.items() if len(v) == n}
-
-
-def penalties_from_rows(sync: np.ndarray, sigmas: float = 2.0) -> np.ndarray:
-    """:func:`arrival_penalties` from an (updates x ranks) array of sync seconds.
-
-    A rank last in only one update (or in all but one) has no spread to judge a difference by:
-    its penalty is 0. (A minimum count of 3 before any penalty paid on no REAL profile and was
-    removed: geometric mean 1.023 without it.)"""
-    n = sync.shape[1]
-    out = np.full(n, np.nan)
-    if n < 2 or sync.shape[0] < 2:
-        return out
-    allreduce, last = sync.min(axis=1), sync.argmin(axis=1)
-    for i in range(n):
-        mine = last == i
-        if mine.sum() >= 2 and (~mine).sum() >= 2:
-            own, others = allreduce[mine], allreduce[~mine]
-            # Welch's standard error of the difference of the means; throttling makes the
-            # allreduce bimodal (a quota period hit or not), so medians of small groups jump
-            se = math.sqrt(own.var(ddof=1) / own.size + others.var(ddof=1) / others.size)
-            out[i] = max(0.0, float(own.mean() - others.mean()) - sigmas * se)
-        elif mine.any() and (~mine).any():
-            out[i] = 0.0
-    return out
-
-
-def limit_changed(before: np.ndarray, now: np.ndarray, tolerance: float = 0.1) -> np.ndarray:
-    """Per rank: did its CPU limit (cores; inf = none that binds) change by more than ``tolerance``
-    (relative), or stop binding, since the last rebalance? NaN before = not seen yet. A limit that
-    starts to bind is not a change: a rank is only reported limited while it uses at least half
-    of its limit, so a small rank given more samples under the same quota starts to bind."""
-    both = np.isfinite(before) & np.isfinite(now)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(both, now / np.where(both, before, 1.0), 1.0)
-    freed = np.isfinite(before) & np.isinf(now)
-    return freed | (both & (np.abs(np.log(ratio)) > np.log1p(tolerance)))
 
 
 def fmt_limit(limit: float) -> str:
@@ -111,29 +40,6 @@ def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
         if limit is not None and 0 < limit < 1:
             need[i] = work * (1.0 / limit - 1.0)
     return need - need.min()
-
-
-def latency_offsets(latency: np.ndarray) -> np.ndarray:
-    """Seconds to add to each rank's fixed cost: its cheapest round trip to another rank, minus
-    the cluster's least such.
-
-    A round trip costs both ends. A rank on a slow link is slow to every other rank, so even its
-    cheapest round trip is long; a rank that merely pings a starved one (0.06 of a core, which
-    answers when the scheduler runs it) has a cheap round trip to some other rank. The mean over
-    the others counted that starvation once in every row, differently for each pair: 13-19 ms
-    on one of three equal-limit ranks while rank 3 was starved, which split them 12,62,54.
-    Non-finite entries are ignored; a rank with none finite (or a single
-    rank) gets 0.
-    """
-    n = latency.shape[0]
-    if n < 2 or latency.shape != (n, n):
-        return np.zeros(n)
-    links = np.where(np.isfinite(latency), latency, np.inf)
-    np.fill_diagonal(links, np.inf)  # a rank's latency to itself says nothing about its links
-    cheapest = links.min(axis=1)
-    if not np.isfinite(cheapest).any():
-        return np.zeros(n)
-    return np.where(np.isfinite(cheapest), cheapest - cheapest[np.isfinite(cheapest)].min(), 0.0)
 
 
 def in_ms(parts: dict) -> dict:

@@ -101,26 +101,3 @@ def _distribute(out: np.ndarray, remainder: np.ndarray, left: int, lo: np.ndarra
         out[order] += step
         left -= step * order.size
         first_pass = False
-
-
-def even_out(sizes: Sequence[int], groups: Sequence[Sequence[int]]) -> list[int]:
-    """``sizes`` with each group's total split as evenly as integers allow (others unchanged).
-
-    ``balanced`` gives ranks its measurements cannot tell apart one fit, and keeps a split the
-    deadband says is not worth leaving; within such a group the even split is the one the fit
-    asks for, so a split frozen from earlier noise (38,47,42) is evened out (42,42,43) at no
-    predicted cost. A group already within one sample of even is left as it is.
-
-    Usage::
-
-        even_out([38, 47, 42, 1], [[0, 1, 2]])   # -> [43, 42, 42, 1]
-    """
-    out = [int(b) for b in sizes]
-    for group in groups:
-        members = sorted(int(i) for i in group)
-        now = [out[i] for i in members]
-        if max(now) - min(now) <= 1:
-            continue
-        for i, b in zip(members, round_to_total([sum(now) / len(now)] * len(now), sum(now), 1)):
-            out[i] = b
-    return out

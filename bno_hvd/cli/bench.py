@@ -24,7 +24,7 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
     default=DEFAULT_STRATEGIES,
     show_default=True,
     help="Comma-separated strategies to compare; a strategy with options set counts as one more "
-    "(balanced,balanced:throttle_weight=0 compares the two: an ablation).",
+    "(balanced,balanced:sit_out=0 compares the two: an ablation).",
 )
 @click.option("--warmup", type=int, default=10, show_default=True, help="Updates left out of the averages.")
 @click.option(

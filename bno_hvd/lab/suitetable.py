@@ -1,6 +1,6 @@
 """The profile suite's tables (``suite.md``): every strategy against ``equal`` and ``balanced``
 against the best other strategy, per profile; and, when the suite ran variants of ``balanced``
-(``balanced:pool_sigmas=0``, ...), the ablation table: each variant over ``balanced`` in the same
+(``balanced:sit_out=0``, ...), the ablation table: each variant over ``balanced`` in the same
 round. Pure: the rows of :func:`bno_hvd.lab.profiles.profile_row` in, Markdown out.
 """
 

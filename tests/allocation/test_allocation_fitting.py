@@ -1,51 +1,63 @@
-"""The model behind balanced: fit_affine and solve_equal_finish (allocation/fitting.py)."""
+"""The model behind balanced: fit_shape and solve_equal_finish (allocation/fitting.py)."""
 
 import math
 
+import numpy as np
 import pytest
 
 from bno_hvd.allocation import (
     UsageError,
-    fit_affine,
+    fit_shape,
     solve_equal_finish,
 )
 
-# -- fit_affine ------------------------------------------------------------------------------
+# -- fit_shape -------------------------------------------------------------------------------
 
 
-def test_fit_affine_recovers_exact_line():
-    a, c = fit_affine([(10, 0.2), (20, 0.3), (40, 0.5)])
-    assert a == pytest.approx(0.1) and c == pytest.approx(0.01)
+def steps(c, k, sizes, cap=None):
+    passes = [1 if cap is None else math.ceil(b / cap) for b in sizes]
+    return [(b, c * (k * m + b)) for b, m in zip(sizes, passes)]
 
 
-def test_fit_affine_ignores_a_hiccup_but_follows_a_real_slowdown():
-    steady = [(32, 0.32)] * 7
-    assert fit_affine(steady + [(32, 2.6)]) == (0.0, pytest.approx(0.01))  # one 8x hiccup
-    slowed = [(32, 0.32)] * 3 + [(32, 0.96)] * 5  # 3x, for good
-    assert fit_affine(slowed) == (0.0, pytest.approx(0.03))
+def test_fit_shape_recovers_one_fixed_cost_and_each_ranks_speed():
+    windows = [steps(0.01, 5.0, [16, 32]), steps(0.03, 5.0, [8, 24, 8]), steps(0.02, 5.0, [20] * 4)]
+    k, c, noise = fit_shape(windows, [None] * 3, 16, 32)
+    assert k == pytest.approx(5.0, rel=0.01) and c.tolist() == pytest.approx([0.01, 0.03, 0.02], rel=0.01)
+    assert noise.max() < 1e-3  # exact steps
+    # a memory cap: the fixed cost is paid once per pass
+    k, c, _ = fit_shape([steps(0.01, 5.0, [8, 20, 36], cap=8)], [8], 16, 32)
+    assert k == pytest.approx(5.0, rel=0.01) and c[0] == pytest.approx(0.01, rel=0.01)
 
 
-def test_fit_affine_single_batch_size_goes_through_origin():
-    assert fit_affine([(32, 0.64), (32, 0.66)]) == (0.0, pytest.approx(0.65 / 32))
+def test_one_size_keeps_the_shape_it_had():
+    windows = [steps(0.01, 5.0, [32] * 8), steps(0.03, 5.0, [8] * 8)]
+    k, c, _ = fit_shape(windows, [None] * 2, 16, 32, shape=5.0)
+    assert k == 5.0 and c.tolist() == pytest.approx([0.01, 0.03])
+    k, c, _ = fit_shape(windows, [None] * 2, 16, 32)  # no shape yet: through the origin
+    assert k == 0.0 and c.tolist() == pytest.approx([0.01 * 37 / 32, 0.03 * 13 / 8])
 
 
-def test_fit_affine_unresolvable_slope_falls_back_to_origin():
-    # found by tests/cli/test_fuzz_inputs.py: c ~ 1e-22 next to a = 1e-6 made solve_equal_finish's
-    # bisection run out of float64 resolution, and its assertion ended `bno-hvd allocate`
-    a, c = fit_affine([(1, 1e-6), (3, 1.0000000000000002e-6)])
-    assert a == 0.0 and c == pytest.approx(4e-7)
+def test_every_step_counts_and_bad_pairs_do_not():
+    # a rank under a 91 ms CFS period at 4 samples: 3.7 ms within its budget, 85 ms a period
+    # later. Dropping the slow half as outliers of the median fitted it 20x too fast (284 samples).
+    bimodal = [(4, 0.0037), (4, 0.085)] * 3 + [(4, 0.0037)] * 4
+    _, c, noise = fit_shape([bimodal], [None], 16, 64)
+    assert c[0] == pytest.approx(sum(t for _, t in bimodal) / 40) and noise[0] > 0.2
+    k, c, _ = fit_shape([[], [(10, float("nan")), (0, 1.0), (5, 0.0)]], [None] * 2, 16, 32)
+    assert np.isnan(c).all()
+    k, c, _ = fit_shape([[(10, 99.0), (10, 0.1), (20, 0.2)]], [None], 2, 32)  # the window: the last 2
+    assert k == 0.0 and c[0] == pytest.approx(0.01)
 
 
-def test_fit_affine_noise_with_negative_slope_falls_back_to_origin():
-    a, c = fit_affine([(10, 0.5), (20, 0.4)])
-    assert a == 0.0 and c == pytest.approx((10 * 0.5 + 20 * 0.4) / (100 + 400))
-
-
-def test_fit_affine_ignores_bad_pairs_and_uses_window():
-    assert fit_affine([]) is None
-    assert fit_affine([(10, float("nan")), (0, 1.0), (5, 0.0)]) is None
-    # Only the last 2 pairs count: the first (huge) one is outside the window.
-    assert fit_affine([(10, 99.0), (10, 0.1), (20, 0.2)], window=2) == (pytest.approx(0.0), pytest.approx(0.01))
+def test_ranks_known_to_run_at_one_speed_share_one_fit():
+    # three ranks under one limit, left at 47, 32, 47 samples by an earlier split, steps +-5%:
+    # fitted apart, the one at 32 looks slower; fitted together, they are one speed
+    rng = np.random.default_rng(7)
+    windows = [[(b, 0.0015 * (13 + b) * float(rng.uniform(0.95, 1.05))) for _ in range(16)] for b in (47, 32, 47)]
+    _, apart, _ = fit_shape(windows, [None] * 3, 16, 32)
+    assert apart[1] / apart[0] > 1.1
+    k, together, noise = fit_shape(windows, [None] * 3, 16, 32, groups=[[0, 1, 2]])
+    assert together.tolist() == [together[0]] * 3 and 0 < noise.max() < 0.05
 
 
 # -- solve_equal_finish ----------------------------------------------------------------------
@@ -92,31 +104,6 @@ def test_equal_finish_infeasible_raises():
         solve_equal_finish([0, 0], [1, 0], 10)
     with pytest.raises(UsageError):
         solve_equal_finish([0, 0], [1, 1], 10, [0, 4])
-
-
-def test_pooling_joins_ranks_within_their_noise_and_keeps_real_differences_apart():
-    from bno_hvd.allocation.fitting import pool_indistinguishable
-
-    # three ranks 10% apart with 10% noise: one fit; a rank 3x slower stays apart
-    a, c, groups = pool_indistinguishable([0.0] * 4, [1.0, 1.1, 0.95, 3.0], [0.1] * 4, 32, 2.24)
-    assert groups == [[2, 0, 1]] and c.tolist() == pytest.approx([3.05 / 3] * 3 + [3.0])
-    # the same ranks measured precisely (1% noise): nothing to pool
-    assert pool_indistinguishable([0.0] * 4, [1.0, 1.1, 0.95, 3.0], [0.01] * 4, 32, 2.24)[2] == []
-    # affine fits are compared at the mean share; pooled ranks get the mean fixed cost too
-    a, c, groups = pool_indistinguishable([2.0, 0.0], [1.0, 1.0625], [0.05, 0.05], 32, 2.24)
-    assert sorted(groups[0]) == [0, 1] and a.tolist() == [1.0, 1.0] and c.tolist() == pytest.approx([1.03125] * 2)
-    # 0 sigmas: never
-    assert pool_indistinguishable([0.0] * 2, [1.0, 1.0001], [0.5, 0.5], 32, 0.0)[2] == []
-
-
-def test_ranks_of_different_kinds_are_never_pooled():
-    from bno_hvd.allocation.fitting import pool_indistinguishable
-
-    # within each other's noise, but one is known to run under another CPU limit
-    c = [1.0, 1.05, 1.02, 1.1]
-    assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24)[2] == [[0, 2, 1, 3]]
-    kinds = [-0.7, -0.7, -1.8, -1.8]  # log of limits 0.5, 0.5, 0.17, 0.17
-    assert pool_indistinguishable([0.0] * 4, c, [0.2] * 4, 32, 2.24, kinds)[2] == [[0, 1], [2, 3]]
 
 
 def test_a_rank_with_no_samples_takes_no_time_and_the_others_split_the_batch():

@@ -57,12 +57,3 @@ def test_infeasible_raises():
         round_to_total([1, float("nan")], 10)
     with pytest.raises(UsageError, match="integer"):
         round_to_total([1, 1], 10.0)
-
-
-def test_even_out_splits_each_group_evenly_and_leaves_the_rest():
-    from bno_hvd.allocation.rounding import even_out
-
-    assert even_out([38, 47, 42, 1], [[0, 1, 2]]) == [43, 42, 42, 1]  # the total of the group is kept
-    assert even_out([57, 64, 3, 4], [[0, 1], [2, 3]]) == [61, 60, 3, 4]
-    assert even_out([42, 43, 42, 1], [[0, 1, 2]]) == [42, 43, 42, 1]  # within one sample: unchanged
-    assert even_out([10, 20, 30], []) == [10, 20, 30]

@@ -68,7 +68,7 @@ HIDDEN = [0.0, 0.0, 0.0, 80 * MS]  # ... and every ring step waits for it
 def test_a_starved_rank_whose_cost_is_in_the_allreduce_is_tried_out_and_stays_out():
     history, notes = run(sitting_out(), 12, HIDDEN, STARVED)
     # the model sees equal compute and keeps 32 each; the first rebalance tries rank 3 out
-    assert history[1] == [43, 43, 42, 0], history
+    assert history[1][3] == 0 and sorted(history[1]) == [0, 42, 43, 43], history  # (the three fitted apart)
     assert notes[0].startswith("rank 3 is tried out for one interval: it gets 0.18 of the others")
     # the interval without it measured ~30 ms per update against ~105: it stays out
     assert history[2][3] == 0 and notes[1].startswith("rank 3 sits out: measured"), notes[1]
@@ -165,7 +165,9 @@ def test_a_rank_is_tried_out_only_from_the_fits_split():
     # split, so the update it is measured against is the best one with the rank
     history, notes = run(sitting_out(), 3, HIDDEN, STARVED, sizes=[50, 30, 30, 18])
     assert min(history[1]) >= 30 and notes[0] is None, (history, notes)  # the fit's ~32 each
-    assert history[2] == [43, 43, 42, 0] and notes[1].startswith("rank 3 is tried out"), (history, notes)
+    assert (
+        history[2][3] == 0 and sorted(history[2]) == [0, 42, 43, 43] and notes[1].startswith("rank 3 is tried out")
+    ), (history, notes)
 
 
 def test_a_trial_after_many_updates_is_measured_against_the_interval_just_before():

@@ -44,6 +44,11 @@ CLI_CASES = [
     ("unknown model", ["--model", "lenet"], ["--model", "'lenet' is not one of"]),
     ("unknown strategy", ["--strategy", "fastest"], ["--strategy", "unknown strategy 'fastest'"]),
     ("strategy option", ["--strategy", "balanced:dedband=0.1"], ["--strategy", "no option 'dedband'"]),
+    (
+        "option of the old balanced",
+        ["--strategy", "balanced:smoothing=0.5"],
+        ["--strategy", "no option 'smoothing' any more", "sit_out"],
+    ),
     ("unknown dataset", ["--dataset", "cifar"], ["--dataset", "'cifar' is not one of"]),
     ("unknown flag", ["--batchsize", "3"], ["No such option '--batchsize'"]),
     ("non-integer updates", ["--updates", "ten"], ["--updates", "not a valid integer"]),

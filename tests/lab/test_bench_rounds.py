@@ -11,7 +11,7 @@ from bno_hvd.lab.pairing import round_orders
 from bno_hvd.lab.profiles import BY_NAME, bench_args, hand_split, scaled_schedule
 from bno_hvd.training.results import steps_from_json
 
-NAMES = ["equal", "balanced", "balanced:throttle_weight=0", "fixed"]  # with an ablation
+NAMES = ["equal", "balanced", "balanced:sit_out=0", "fixed"]  # with an ablation
 
 
 def read_updates(path):

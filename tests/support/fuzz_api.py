@@ -122,7 +122,7 @@ STRATEGY = {
     "seed": optional((0, 1, 7, 2**32 - 1), (2**32, -1, *JUNK)),
     "batch_sizes": optional((ABSENT,) * 30 + ([8], [1, 2], [5, 11, 3, 13], [0, 4], [], list(range(1, 10)))),
     # balanced's own options (another strategy has none of them), mostly not passed
-    "smoothing": optional((ABSENT,) * 40 + (0.0, 0.5, 1.0, 1.5, -0.1, math.nan)),
+    "starved_share": optional((ABSENT,) * 40 + (0.0, 0.5, 1.0, 1.5, -0.1, math.nan)),
     "deadband": optional((ABSENT,) * 40 + (0.05, 0.2, 2.0)),
     "sit_out": optional((ABSENT,) * 40 + (0, 4, -1, 1.5)),
     "window": optional((ABSENT,) * 40 + (1, 16, 0, 10**7)),

@@ -47,13 +47,6 @@ class NoThrottle(EqualFinishStrategy):
         return np.zeros(self.n_ranks)
 
 
-class NoThreshold(EqualFinishStrategy):
-    """Every rebalance takes the model's split, however small the predicted gain."""
-
-    def _threshold(self, noise):
-        return 0.0
-
-
 class NoForget(EqualFinishStrategy):
     """A rank whose limit rose keeps the fit of its steps under the old limit."""
 
@@ -67,7 +60,7 @@ VARIANTS = {
     "no-shape": NoShape,
     "no-groups": NoGroups,
     "no-throttle": NoThrottle,
-    "no-threshold": NoThreshold,
+    "no-threshold": "balanced:deadband=0",
     "no-forget": NoForget,
     "no-sit-out": "balanced:sit_out=0",
     "no-trials": "balanced:starved_share=0",

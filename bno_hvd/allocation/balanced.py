@@ -10,9 +10,8 @@ steps are from before), counts as a typical rank (the median fit) until it is me
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
 (:func:`solve_equal_finish`) or, where the loop allows it, one rank but 0 sitting the update out
-(:mod:`.sitting`) - when it is predicted to shorten the update by more than the threshold:
-``deadband`` (5%), or ``sigmas_for(N)`` standard errors of the fits if larger (noise alone lifts
-the slowest of N noisy fits). What the model cannot see is measured: a rank that gets less than
+(:mod:`.sitting`) - when it is predicted to shorten the update by more than ``deadband`` (5%).
+What the model cannot see is measured: a rank that gets less than
 ``starved_share`` of the others' share of the CPU is tried out for one interval and stays out if
 the updates were faster without it. A rank out is measured again after ``sit_out`` rebalances
 (twice as long each time it was right to leave), or at once when its limit rises.
@@ -43,10 +42,9 @@ REMOVED += ("noise_sigmas", "pool_sigmas")
 
 
 def sigmas_for(n_ranks: int, false_moves: float = 0.05) -> float:
-    """Standard errors a predicted gain must exceed before ``balanced`` moves samples: the
-    one-sided normal quantile at ``false_moves / N`` (2.24 for 4 ranks, 3.0 for 64), so equal
-    ranks make one false move in about ``1 / false_moves`` rebalances at any N (the predicted
-    gain follows the largest of N noisy fits)."""
+    """Standard errors a measured gain (a trial of a rank sitting out) must exceed: the one-sided
+    normal quantile at ``false_moves / N`` (2.24 for 4 ranks, 3.0 for 64), so that equal ranks
+    are kept out on noise in about ``false_moves`` of their trials at any N."""
     return NormalDist().inv_cdf(1.0 - false_moves / max(int(n_ranks), 1))
 
 
@@ -86,11 +84,11 @@ class EqualFinishStrategy(Strategy):
         rose = self._rose(limits)
         notes = [f"rank {i}'s CPU limit rose from {fmt_limit(self.limits[i])} to {fmt_limit(limits[i])}" for i in rose]
         self.limits = limits
-        a, c, noise = self._fit(metrics, limits)
+        a, c = self._fit(metrics, limits)
         if not np.isfinite(c).all():
             missing = np.flatnonzero(~np.isfinite(c)).tolist()
             self._warn(f"balanced: no usable measurements from rank(s) {missing}; counted as a typical rank")
-        a[rose], c[rose], noise[rose] = np.nan, np.nan, 0.0  # measured under the old limit
+        a[rose], c[rose] = np.nan, np.nan  # measured under the old limit
         known = np.isfinite(c)
         if not known.any():
             self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
@@ -102,7 +100,7 @@ class EqualFinishStrategy(Strategy):
         for key in ("cpu_share", "cpu_per_wall"):
             self.last_model[key] = [None if x is None else round(float(x), 3) for x in getattr(metrics, key)]
         sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, model[2], offsets), self.global_batch, 1)
-        threshold = self._threshold(noise)
+        threshold = float(self.options["deadband"])
         whole = sum(current) == self.global_batch  # (a split of another global batch is never kept)
         may_sit_out = self.sit_out_ok and self.options["sit_out"] > 0 and self.n_ranks > 1
         if may_sit_out:
@@ -122,27 +120,23 @@ class EqualFinishStrategy(Strategy):
         """Ranks whose CPU limit rose, or stopped binding, since the last rebalance."""
         return [i for i in range(self.n_ranks) if np.isfinite(self.limits[i]) and limits[i] > self.limits[i]]
 
-    def _fit(self, metrics: ClusterMetrics, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per rank ``(a, c, relative standard error)`` (:func:`fit_shape`; ranks that report one CPU
-        limit share one ``c``). NaN where nothing usable was measured (then ``1 / ops``)."""
+    def _fit(self, metrics: ClusterMetrics, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank ``(a, c)`` (:func:`fit_shape`; ranks that report one CPU limit share one ``c``).
+        NaN where nothing usable was measured (then ``1 / ops``)."""
         groups: dict = {}
         for i, limit in enumerate(limits):
             groups.setdefault(float(limit) if np.isfinite(limit) else f"rank {i}", []).append(i)
         most = self.global_batch / self.n_ranks
         windows, caps = metrics.compute_samples, metrics.max_batch
-        self.shape, c, noise = fit_shape(windows, caps, self.options["window"], most, self.shape, list(groups.values()))
+        self.shape, c = fit_shape(windows, caps, self.options["window"], most, self.shape, list(groups.values()))
         ops = metrics.ops_array()
         use_ops = np.isnan(c) & np.isfinite(ops) & (ops > 0)  # no steps: its throughput alone
         c[use_ops] = 1.0 / ops[use_ops]
-        return np.where(use_ops, 0.0, self.shape * c), c, noise
+        return np.where(use_ops, 0.0, self.shape * c), c
 
     def _offsets(self, metrics: ClusterMetrics) -> np.ndarray:
         """Seconds each rank adds to the update besides its compute: its sync at its CPU limit."""
         return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit)
-
-    def _threshold(self, noise: np.ndarray) -> float:
-        """The predicted gain (a fraction of the update) a move must exceed."""
-        return max(float(self.options["deadband"]), self.sigmas * float(np.sqrt(np.mean(noise**2))))
 
     def state_dict(self) -> dict:
         limits = [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits]

@@ -2,8 +2,7 @@
 
 :func:`fit_shape` fits ``t_i = c_i * (k * passes_i(b) + b)`` to every rank's recent (batch,
 seconds) pairs, one fixed cost ``k`` (in samples) for all (``passes`` = micro-batches under a
-memory cap, 1 without); :func:`fit_noise` says how far a rank's fit can be trusted;
-:func:`solve_equal_finish` finds the real batch sizes whose predicted times (plus per-rank
+memory cap, 1 without); :func:`solve_equal_finish` finds the real batch sizes whose predicted times (plus per-rank
 offsets) are equal. :mod:`bno_hvd.allocation.balanced` decides when to use them.
 """
 
@@ -33,20 +32,6 @@ def valid_points(samples, window: int) -> list[tuple[float, float]]:
         for b, t in list(samples)[-window:]
         if math.isfinite(b) and math.isfinite(t) and b > 0 and t > 0
     ]
-
-
-def fit_noise(samples, window: int, cap, a: float, c: float) -> float:
-    """Relative standard error of a fit's mean predicted time: the residuals' spread over the
-    window, divided by sqrt(n) and by the mean time. Under a CPU quota single steps jitter by up
-    to a quota period (measured: 30-50% of a step), so a fit of 8 steps can be 15% off; moves
-    smaller than that noise would only chase it."""
-    pts = valid_points(samples, window)
-    if len(pts) < 3:
-        return 0.0
-    b = np.array([p[0] for p in pts])
-    t = np.array([p[1] for p in pts])
-    resid = t - (a * passes(b, cap) + c * b)
-    return float(resid.std(ddof=1) / math.sqrt(len(pts)) / t.mean())
 
 
 def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
@@ -178,8 +163,7 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
     later), and dropping either mode as outliers misjudged its mean by 20x. ``groups``: lists
     of ranks known to run at one speed (one CPU limit), which share one ``c`` fitted to their
     steps together (each step with its own rank's passes).
-    Returns ``(k, c, noise)``: ``c`` per rank (NaN: no usable step), ``noise`` each rank's
-    relative standard error (:func:`fit_noise`).
+    Returns ``(k, c)``: ``c`` per rank (NaN: no usable step).
     """
     steps = [np.array(valid_points(samples, window)).reshape(-1, 2) for samples in windows]
     spanning = [(p, cap) for p, cap in zip(steps, caps) if len(p) and p[:, 0].max() >= 1.25 * p[:, 0].min()]
@@ -189,14 +173,12 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
         for _ in range(2):  # a coarse grid, then a fine one around its best
             k = float(grid[np.argmin(_misfit(spanning, grid))])
             grid = np.linspace(k / 1.13, min(k * 1.13, most), 41)
-    c, noise = np.full(len(steps), np.nan), np.zeros(len(steps))
+    c = np.full(len(steps), np.nan)
     for group in groups or [[i] for i in range(len(steps))]:
         x = np.concatenate([k * passes(steps[i][:, 0], caps[i]) + steps[i][:, 0] for i in group])
         if len(x):
             c[group] = float(np.concatenate([steps[i][:, 1] for i in group]) @ x / (x @ x))
-        for i in (i for i in group if len(steps[i])):
-            noise[i] = fit_noise([tuple(p) for p in steps[i]], len(steps[i]), caps[i], k * c[i], c[i])
-    return k, c, noise
+    return k, c
 
 
 def _misfit(spanning, grid: np.ndarray) -> np.ndarray:

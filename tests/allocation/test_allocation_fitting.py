@@ -21,19 +21,18 @@ def steps(c, k, sizes, cap=None):
 
 def test_fit_shape_recovers_one_fixed_cost_and_each_ranks_speed():
     windows = [steps(0.01, 5.0, [16, 32]), steps(0.03, 5.0, [8, 24, 8]), steps(0.02, 5.0, [20] * 4)]
-    k, c, noise = fit_shape(windows, [None] * 3, 16, 32)
+    k, c = fit_shape(windows, [None] * 3, 16, 32)
     assert k == pytest.approx(5.0, rel=0.01) and c.tolist() == pytest.approx([0.01, 0.03, 0.02], rel=0.01)
-    assert noise.max() < 1e-3  # exact steps
     # a memory cap: the fixed cost is paid once per pass
-    k, c, _ = fit_shape([steps(0.01, 5.0, [8, 20, 36], cap=8)], [8], 16, 32)
+    k, c = fit_shape([steps(0.01, 5.0, [8, 20, 36], cap=8)], [8], 16, 32)
     assert k == pytest.approx(5.0, rel=0.01) and c[0] == pytest.approx(0.01, rel=0.01)
 
 
 def test_one_size_keeps_the_shape_it_had():
     windows = [steps(0.01, 5.0, [32] * 8), steps(0.03, 5.0, [8] * 8)]
-    k, c, _ = fit_shape(windows, [None] * 2, 16, 32, shape=5.0)
+    k, c = fit_shape(windows, [None] * 2, 16, 32, shape=5.0)
     assert k == 5.0 and c.tolist() == pytest.approx([0.01, 0.03])
-    k, c, _ = fit_shape(windows, [None] * 2, 16, 32)  # no shape yet: through the origin
+    k, c = fit_shape(windows, [None] * 2, 16, 32)  # no shape yet: through the origin
     assert k == 0.0 and c.tolist() == pytest.approx([0.01 * 37 / 32, 0.03 * 13 / 8])
 
 
@@ -41,11 +40,11 @@ def test_every_step_counts_and_bad_pairs_do_not():
     # a rank under a 91 ms CFS period at 4 samples: 3.7 ms within its budget, 85 ms a period
     # later. Dropping the slow half as outliers of the median fitted it 20x too fast (284 samples).
     bimodal = [(4, 0.0037), (4, 0.085)] * 3 + [(4, 0.0037)] * 4
-    _, c, noise = fit_shape([bimodal], [None], 16, 64)
-    assert c[0] == pytest.approx(sum(t for _, t in bimodal) / 40) and noise[0] > 0.2
-    k, c, _ = fit_shape([[], [(10, float("nan")), (0, 1.0), (5, 0.0)]], [None] * 2, 16, 32)
+    _, c = fit_shape([bimodal], [None], 16, 64)
+    assert c[0] == pytest.approx(sum(t for _, t in bimodal) / 40)
+    k, c = fit_shape([[], [(10, float("nan")), (0, 1.0), (5, 0.0)]], [None] * 2, 16, 32)
     assert np.isnan(c).all()
-    k, c, _ = fit_shape([[(10, 99.0), (10, 0.1), (20, 0.2)]], [None], 2, 32)  # the window: the last 2
+    k, c = fit_shape([[(10, 99.0), (10, 0.1), (20, 0.2)]], [None], 2, 32)  # the window: the last 2
     assert k == 0.0 and c[0] == pytest.approx(0.01)
 
 
@@ -54,10 +53,10 @@ def test_ranks_known_to_run_at_one_speed_share_one_fit():
     # fitted apart, the one at 32 looks slower; fitted together, they are one speed
     rng = np.random.default_rng(7)
     windows = [[(b, 0.0015 * (13 + b) * float(rng.uniform(0.95, 1.05))) for _ in range(16)] for b in (47, 32, 47)]
-    _, apart, _ = fit_shape(windows, [None] * 3, 16, 32)
+    _, apart = fit_shape(windows, [None] * 3, 16, 32)
     assert apart[1] / apart[0] > 1.1
-    k, together, noise = fit_shape(windows, [None] * 3, 16, 32, groups=[[0, 1, 2]])
-    assert together.tolist() == [together[0]] * 3 and 0 < noise.max() < 0.05
+    k, together = fit_shape(windows, [None] * 3, 16, 32, groups=[[0, 1, 2]])
+    assert together.tolist() == [together[0]] * 3
 
 
 # -- solve_equal_finish ----------------------------------------------------------------------

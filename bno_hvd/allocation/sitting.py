@@ -2,31 +2,28 @@
 
 Any ranks but 0 may be out at once. Two ways in:
 
-* **Predicted.** Ranks sorted by their predicted time at one sample (their throttled sync in the
-  model's offsets), the ``k`` slowest sit out, for the ``k`` whose split of the global batch over
-  the others is predicted fastest, when that is faster by more than the deadband's threshold.
-  (One at a time would not do: of four ranks equally starved, none alone is worth removing.)
-* **Measured (a trial).** What a rank costs inside the allreduce is not always in the model: a
-  rank sharing its core with busy processes has no CPU limit to charge, and its part of every
-  ring step waits for the scheduler (seen: 118 ms of sync per update with it, 43 ms without, at
-  the same compute). A rank that gets less than ``starved_share`` of the others' share of the CPU
-  (:attr:`ClusterMetrics.cpu_share`: the time it ran over the time it could run; and of their
-  CPU per wall second, :func:`starved`) is sat out for one interval, and rank 0's measured
-  update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out only if the updates
-  without it were faster by more than the threshold and their noise. One rank is tried at a
-  time, only at a rebalance that changes nothing else and while the split is the fit's (the
-  interval it is measured against must be the best split with it: seen, a trial at update 4
-  measured 322 ms both ways at 16,16; the fit's 21,11 then took 224 ms). A rank that is not
-  runnable (waiting for its device, a slower GPU or an EMULATED one, or with less work) is not
-  starved (:meth:`bno_hvd.library.timing.StepTimer.cpu_share`). A trial that does not pay is
-  not tried again for ``sit_out`` rebalances, then twice as long each time; nor is a rank tried
-  out within that long after it came back, nor one whose fit is gone (its limit rose).
+* **Predicted.** Ranks ordered by their predicted time at one sample (their throttled sync is in
+  the model's offsets), the ``k`` slowest sit out, for the ``k`` whose split over the others is
+  predicted fastest, when faster by more than the deadband's threshold (of four ranks equally
+  starved none alone is worth removing: one at a time held them at 1 sample each).
+* **Measured (a trial).** A rank sharing its core with busy processes has no CPU limit to charge,
+  and its part of every ring step waits for the scheduler (seen: 118 ms of sync per update with
+  it, 43 ms without, at the same compute). A rank that gets less than ``starved_share`` of the
+  others' share of the CPU (:func:`starved`: run over runnable time, and CPU per wall second, so
+  a rank waiting for its device or with less work is not starved) is sat out for one interval,
+  and rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
+  only if the updates without it were faster by more than the threshold and their noise. One
+  rank is tried at a time, at a rebalance that changes nothing else and keeps the fit's split
+  (seen: a trial from the first interval's 16,16 measured 322 ms both ways; the fit's 21,11
+  took 224 ms). A trial that does not pay is not repeated for ``sit_out`` rebalances, then twice
+  as long each time; nor is a rank tried within that long after it came back, nor one whose fit
+  is gone (its limit rose).
 
 A rank out stays out unless its CPU limit rose (its fit is gone), the model predicts its return
 pays (not after a measured gain: the model did not see it), or it has been out for ``sit_out``
-rebalances: then it is measured again at its share, one rank back per rebalance. If the interval
-with it back is measured slower than the last one without it by the same margin, it sits out
-again at once, for twice as long.
+rebalances: then it is measured again at its share (ranks due together, together). If the
+interval with them back is measured slower than the last one without them by the same margin,
+they sit out again at once, for twice as long.
 
 Pure, like every strategy: all numbers come in with the :class:`ClusterMetrics`.
 """
@@ -214,13 +211,10 @@ class SitOuts:
         if now is None:
             return None
         self.trial = {"rank": r, "with": [now.seconds, now.noise, now.count]}
+        share = share_of_others(metrics.cpu_share, r, out)
         out.add(r)
         self.out[r] = [0, self.every, False]
-        wall = metrics.cpu_per_wall
-        per_wall = all(x is not None and x > 0 for i, x in enumerate(wall) if i not in out - {r})
-        per_wall = f" ({share_of_others(wall, r, out - {r}):.2f} of their CPU per wall second)" if per_wall else ""
-        share = share_of_others(metrics.cpu_share, r, out - {r})
-        return f"rank {r} is tried out for one interval: it gets {share:.2f} of the others' share of the CPU{per_wall}"
+        return f"rank {r} is tried out for one interval: it gets {share:.2f} of the others' share of the CPU"
 
     def state_dict(self) -> dict:
         return {

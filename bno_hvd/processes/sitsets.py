@@ -6,7 +6,8 @@ Any ranks but 0 may sit out at once, so the sets cannot all be made at start (th
 every update's split and asks for its set at the start of every update, so every rank makes the
 same sets in the same order. Horovod makes them as dynamic process sets
 (``hvd.init(process_sets="dynamic")``: its background loop then allgathers two ints per cycle
-to agree on new sets), torch.distributed as groups (``new_group``, called by every rank). Each
+to agree on new sets; on Gloo, their ranks meet at a rendezvous store open while they are
+made), torch.distributed as groups (``new_group``, called by every rank). Each
 Horovod process set costs its ranks one negotiation per background cycle, so at most
 :data:`LIVE` are kept: the least recently used one is removed, by every rank alike.
 
@@ -34,9 +35,19 @@ class SitOutSets:
         self._made: OrderedDict[frozenset, object] = OrderedDict()
 
     @classmethod
-    def horovod(cls, hvd, size: int) -> SitOutSets:
-        """After ``hvd.init(process_sets="dynamic")``."""
-        return cls(size, hvd.global_process_set, hvd.add_process_set, hvd.remove_process_set)
+    def horovod(cls, hvd, size: int, gloo_comm=None) -> SitOutSets:
+        """After ``hvd.init(process_sets="dynamic")``. ``gloo_comm``: Horovod runs on Gloo, whose
+        process sets meet at a rendezvous store, open again over this MPI communicator while one is
+        made (:func:`bno_hvd.processes.gloo.rendezvous_open`)."""
+        if gloo_comm is None:
+            return cls(size, hvd.global_process_set, hvd.add_process_set, hvd.remove_process_set)
+        from bno_hvd.processes.gloo import rendezvous_open
+
+        def make(ranks):
+            with rendezvous_open(gloo_comm):
+                return hvd.add_process_set(ranks)
+
+        return cls(size, hvd.global_process_set, make, hvd.remove_process_set)
 
     @classmethod
     def torch(cls, size: int) -> SitOutSets:

@@ -161,7 +161,8 @@ def init_world(
         for note in notes:  # once per job, where the user sees it (and in every run.json)
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
-    world.sit_out_sets = SitOutSets.horovod(hvd, world.size) if world.size > 1 else None
+    gloo = comm.Dup() if collectives == "gloo" and world.size > 1 else None  # (its sets' rendezvous)
+    world.sit_out_sets = SitOutSets.horovod(hvd, world.size, gloo) if world.size > 1 else None
     return world
 
 

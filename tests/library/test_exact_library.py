@@ -12,7 +12,8 @@ job's last case, the MLP's drop-in without ``bno.exact``, must end it in torch's
   others' process set) and comes back: equal one process, every computing rank's state equal at
   every update;
 - several ranks that sit out at once (up to 3 of 4, five sets of ranks in turn, one twice), on
-  Horovod's dynamic process sets and on torch.distributed's groups: equal one process;
+  Horovod's dynamic process sets (over MPI and over Gloo) and on torch.distributed's groups:
+  equal one process;
 - float16 and bfloat16 autocast with ``torch.amp.GradScaler("cpu")`` and a sit-out: every rank's
   scale and state equal at every update at which it computes (the scale moves while rank 3 is out).
 """
@@ -60,6 +61,13 @@ def four(data, tmp_path_factory):
 @pytest.fixture(scope="module")
 def four_torch(data, tmp_path_factory):
     out, proc = run_job(4, tmp_path_factory.mktemp("exact") / "torch", data, ["--engine=torch", "multisit:mlp"])
+    assert_ok(proc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_gloo(data, tmp_path_factory):
+    out, proc = run_job(4, tmp_path_factory.mktemp("exact") / "gloo", data, ["--collectives=gloo", "multisit:mlp"])
     assert_ok(proc)
     return out
 
@@ -113,9 +121,10 @@ def test_a_rank_sits_out_with_exact_batchnorm_and_training_stays_exact(four, one
     assert diff <= 1e-10
 
 
-@pytest.mark.parametrize("engine", ["horovod", "torch"])
+@pytest.mark.parametrize("engine", ["horovod", "horovod-gloo", "torch"])
 def test_several_ranks_sit_out_at_once_and_training_stays_exact(engine, request, one):
-    four, rows = result(request.getfixturevalue("four" if engine == "horovod" else "four_torch"), "multisit:mlp")
+    job = {"horovod": "four", "horovod-gloo": "four_gloo", "torch": "four_torch"}[engine]
+    four, rows = result(request.getfixturevalue(job), "multisit:mlp")
     one, _ = result(one, "sitout:mlp")  # (one process: the same 16-sample global batches)
     out = [tuple(i for i, b in enumerate(r["sizes"]) if b == 0) for r in rows[:-1]]
     assert {(1, 3), (2,), (1, 2, 3), (1, 2), (3,)} <= set(out), out  # up to three of four ranks at once

@@ -15,7 +15,8 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE multisit``: as ``sitout``, with several ranks out at once (up to 3 of 4), five sets of
   ranks out in turn, one of them again (its process set made anew: at most ``LIVE`` are kept);
-  ``--engine=torch`` among the cases runs the job on torch.distributed instead of Horovod.
+  ``--engine=torch`` among the cases runs the job on torch.distributed instead of Horovod,
+  ``--collectives=gloo`` Horovod's collectives on Gloo (its process sets meet at a rendezvous).
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
   ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
   out).
@@ -174,12 +175,13 @@ def run_sitout(world, mode, model_name, data):
 def main():
     root, out, *cases = sys.argv[1:]
     engine = "torch" if "--engine=torch" in cases else "horovod"
+    collectives = "gloo" if "--collectives=gloo" in cases else "mpi"
     cases = [c for c in cases if not c.startswith("--")]
     torch.set_num_threads(1)
     data = datasets.FashionMNIST(root, train=True, transform=transforms.ToTensor(), download=False)
     # the sit-out modes need bno-hvd's world (Horovod's process sets); the drop-in's hvd.init() is
     # then a script's call on a started Horovod
-    world = None if all(c.startswith("dropin:") for c in cases) else init_world("mpi", "cpu", engine=engine)
+    world = None if all(c.startswith("dropin:") for c in cases) else init_world(collectives, "cpu", engine=engine)
     for case in cases:
         mode, model_name, *plain = case.split(":")
         torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout", "multisit") else torch.float32)

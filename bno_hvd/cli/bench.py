@@ -56,7 +56,7 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
 @click.option(
     "--profiles",
     default=None,
-    help="--suite: only these profiles (comma-separated names; outside-8-four-tiny-20ms, 8 ranks, runs only so).",
+    help="--suite: only these profiles (comma-separated names; outside-8-four-tiny-50ms, 8 ranks, runs only so).",
 )
 def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""

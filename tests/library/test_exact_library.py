@@ -11,7 +11,7 @@ job's last case, the MLP's drop-in without ``bno.exact``, must end it in torch's
 - a rank that sits out (0 samples, so it runs no forward: the BatchNorm allreduces run over the
   others' process set) and comes back: equal one process, every computing rank's state equal at
   every update;
-- several ranks that sit out at once (up to 3 of 4, five sets of ranks in turn, one twice), on
+- several ranks that sit out at once (up to 3 of 4, five sets of ranks in turn), on
   Horovod's dynamic process sets (over MPI and over Gloo) and on torch.distributed's groups:
   equal one process;
 - float16 and bfloat16 autocast with ``torch.amp.GradScaler("cpu")`` and a sit-out: every rank's
@@ -132,7 +132,7 @@ def test_several_ranks_sit_out_at_once_and_training_stays_exact(engine, request,
         assert all(d == 0 for d, c in zip(r["diff"], r["computed"]) if c) and r["computed"][0], r
         assert all(not c for b, c in zip(r["sizes"], r["computed"]) if b == 0), r
     assert any(r["diff"][i] > 0 for r in rows for i in (1, 2, 3) if not r["computed"][i])  # behind while out
-    # a fifth set of ranks out removed the least recently used of LIVE process sets; it was made again
+    # the fifth set of ranks out removed the least recently used of LIVE process sets
     assert max(r["sets"] for r in rows) == LIVE and all(r["sets"] <= LIVE for r in rows), [r["sets"] for r in rows]
     diff = max_relative_difference(four, one)
     print(f"{engine}: several ranks out at once with exact BatchNorm, 4 ranks vs 1 process {diff:.2e}")

@@ -14,7 +14,7 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE multisit``: as ``sitout``, with several ranks out at once (up to 3 of 4), five sets of
-  ranks out in turn, one of them again (its process set made anew: at most ``LIVE`` are kept);
+  ranks out in turn (the fifth's process set replaces the first's: at most ``LIVE`` are kept);
   ``--engine=torch`` among the cases runs the job on torch.distributed instead of Horovod,
   ``--collectives=gloo`` Horovod's collectives on Gloo (its process sets meet at a rendezvous).
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
@@ -54,7 +54,7 @@ UPDATES, GLOBAL, SEED = 12, 16, 5
 SPLITS = {  # every 2 updates; a rank at 1 in each; rank 3 sits out (0) in the second and third
     "dropin": [[1, 7, 3, 5], [6, 1, 4, 5], [9, 2, 4, 1], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
     "sitout": [[1, 7, 3, 5], [6, 1, 9, 0], [8, 4, 4, 0], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
-    "multisit": [[5, 0, 11, 0], [6, 3, 0, 7], [16, 0, 0, 0], [4, 0, 0, 12], [2, 5, 9, 0], [9, 0, 7, 0]],
+    "multisit": [[3, 5, 2, 6], [5, 0, 11, 0], [6, 3, 0, 7], [16, 0, 0, 0], [4, 0, 0, 12], [2, 5, 9, 0]],
 }
 
 

@@ -147,7 +147,8 @@ def run_sitout(world, mode, model_name, data):
     engine = world.hvd  # horovod.torch, or the torch engine's collectives
     engine.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = engine.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=engine.Sum)
-    scaler = None if mode == "sitout" else torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    amp = mode in ("float16", "bfloat16")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2) if amp else None
     sit_out = CatchUp(world, model, optimizer, scaler)
     reports = Reports(world.control_comm.Dup())
     for batch in bal.batches(loader, UPDATES):

@@ -19,10 +19,9 @@ Any ranks but 0 may be out at once. Two ways in:
   as long each time; nor is a rank tried within that long after it came back, nor one whose fit
   is gone (its limit rose).
 
-Ranks the model took out come back when it predicts the update faster with them (by the same
-threshold: the choice of the k is made again at every rebalance, for every rank not out as
-measured). Any rank out is back when its CPU limit rose (its fit is gone), or after ``sit_out``
-rebalances out: then it is measured again at its share (ranks due together, together). If the
+A rank out stays out unless its CPU limit rose (its fit is gone), the model predicts its return
+pays (not after a measured gain: the model did not see it), or it has been out for ``sit_out``
+rebalances: then it is measured again at its share (ranks due together, together). If the
 interval with them back is measured slower than the last one without them by the same margin,
 they sit out again at once, for twice as long.
 
@@ -140,7 +139,7 @@ class SitOuts:
         for r in out - done:
             self.out[r][0] += 1
         if not notes:
-            notes += self._back(sorted(out - done), out, known, metrics, since)
+            notes += self._back(sorted(out - done), model, out, known, global_batch, metrics, since, threshold)
         if not notes:
             notes.append(self._predicted(model, out, global_batch, threshold))
         fit = split_without(model, out, global_batch) if out else list(sizes)
@@ -160,14 +159,18 @@ class SitOuts:
         told = "too few updates" if without is None else f"{1e3 * without.seconds:.0f} ms per update"
         return f"rank {r} is back: its trial measured {told} without it, {1e3 * before.seconds:.0f} ms with it"
 
-    def _back(self, ranks, out, known, metrics, since) -> list[str]:
-        """The ranks out that are back to be measured (together, measured together at the next
-        rebalance), and why: its CPU limit rose, or out for ``period`` rebalances."""
-        came, why_back = [], {}
+    def _back(self, ranks, model, out, known, global_batch, metrics, since, threshold) -> list[str]:
+        """The ranks out that are back (together, measured together at the next rebalance), and why."""
+        now, came, why_back = predicted_step(model, split_without(model, out, global_batch)), [], {}
         for r in ranks:
-            out_for, period, _ = self.out[r]
-            again = f"after {period} rebalance{'s' * (period > 1)} out, to be measured again"
-            reason = "its CPU limit rose" if not known[r] else again if out_for > period else None
+            out_for, period, measured = self.out[r]
+            other = predicted_step(model, split_without(model, out - {r}, global_batch))
+            why = (
+                (not known[r], "its CPU limit rose"),
+                (not measured and other < (1 - threshold) * now, "the model predicts its return pays"),
+                (out_for > period, f"after {period} rebalance{'s' * (period > 1)} out, to be measured again"),
+            )
+            reason = next((text for hit, text in why if hit), None)
             if reason is not None:
                 came.append(r)
                 why_back.setdefault(reason, []).append(r)
@@ -181,33 +184,23 @@ class SitOuts:
         return [f"{_who(rs, 'is', 'are')[0]} back: {reason}" for reason, rs in why_back.items()]
 
     def _predicted(self, model, out, global_batch, threshold) -> str | None:
-        """The ranks out by the model's prediction: of every rank but 0 not out as measured, the k
-        slowest at one sample, for the k predicted fastest, where that beats the current split by
-        more than the threshold (see the module doc)."""
-        held = {r for r in out if self.out[r][2]}  # out as measured: the model did not see why
+        """The k ranks slowest at one sample sit out, for the k predicted fastest (see the module doc)."""
         one = step_time(*model[:2], np.ones(len(model[0])), *model[2:])
-        free = sorted((i for i in range(1, len(one)) if i not in held), key=lambda i: (-one[i], -i))
-        room = len(free) if self.most is None else min(max(self.most - len(held), 0), len(free))
-        sizes = [split_without(model, held | {*free[:k]}, global_batch) for k in range(room + 1)]
-        times = [predicted_step(model, x) for x in sizes]
-        k, now = int(np.argmin(times)), split_without(model, out, global_batch)
-        new, t_now = held | {*free[:k]}, predicted_step(model, now)
-        if new == out or times[k] >= (1 - threshold) * t_now:
+        rest = sorted((i for i in range(1, len(one)) if i not in out), key=lambda i: (-one[i], -i))
+        room = len(rest) if self.most is None else min(max(self.most - len(out), 0), len(rest))
+        now = split_without(model, out, global_batch)
+        times = [predicted_step(model, split_without(model, out | {*rest[:k]}, global_batch)) for k in range(room + 1)]
+        k = int(np.argmin(times))
+        if times[k] >= (1 - threshold) * times[0]:
             return None
-        leave, back = sorted(new - out), sorted(out - new)
-        notes = []
-        if leave:
-            who, it = _who(leave)
-            notes.append(
-                f"{who} out: an update is predicted to take {1e3 * times[k]:.0f} ms without {it}, "
-                f"{1e3 * t_now:.0f} ms with {it} at {', '.join(str(now[r]) for r in leave)} sample(s)"
-            )
-        if back:
-            who, it = _who(back, "is", "are")
-            notes.append(f"{who} back: the model predicts {1e3 * times[k]:.0f} ms per update with {it}")
+        leave = sorted(rest[:k])
+        out.update(leave)
         self.out.update({r: [0, self.every, False] for r in leave})
-        out.difference_update(back), out.update(leave)
-        return "; ".join(notes)
+        who, it = _who(leave)
+        return (
+            f"{who} out: an update is predicted to take {1e3 * times[k]:.0f} ms without {it}, "
+            f"{1e3 * times[0]:.0f} ms with {it} at {', '.join(str(now[r]) for r in leave)} sample(s)"
+        )
 
     def _try_out(self, out, known, metrics, since) -> str | None:
         """A starved rank sat out for one interval, to measure the update without it."""

@@ -2,14 +2,16 @@
 looked up by the ranks that sit it out (0 samples: :mod:`bno_hvd.library.catchup`).
 
 Any ranks but 0 may sit out at once, so the sets cannot all be made at start (there are
-``2**(N-1) - 1``): each is made at the first update that needs it, collectively. Every rank knows
-every update's split and asks for its set at the start of every update, so every rank makes the
-same sets in the same order. Horovod makes them as dynamic process sets
-(``hvd.init(process_sets="dynamic")``: its background loop then allgathers two ints per cycle
-to agree on new sets; on Gloo, their ranks meet at a rendezvous store open while they are
-made), torch.distributed as groups (``new_group``, called by every rank). Each
-Horovod process set costs its ranks one negotiation per background cycle, so at most
-:data:`LIVE` are kept: the least recently used one is removed, by every rank alike.
+``2**(N-1) - 1``): the sets of one rank out are made at start, any other at the first update that
+needs it, collectively. Every rank knows every update's split and asks for its set at the start of
+every update, so every rank makes the same sets in the same order. torch.distributed makes them as
+groups (``new_group``, called by every rank). Horovod's sets are static: given to ``hvd.init``, so
+a new one means initialising Horovod again with it (``hvd.shutdown``, ``hvd.init``: 0.1-1 s, once
+per new set; on Gloo its ranks meet at a rendezvous store open meanwhile). Its dynamic process sets
+would avoid that but cost every allreduce: its background loop then agrees on new sets every cycle
+(4 ranks, a 0.2 M-parameter gradient: 26 ms per allreduce on Gloo against 8, 2.3 against 1.3 on
+MPI). At most :data:`LIVE` sets of several ranks are kept: the least recently used one is removed,
+by every rank alike.
 
 Usage::
 
@@ -23,31 +25,39 @@ from collections import OrderedDict
 
 from bno_hvd.common.errors import check_invariant
 
-LIVE = 4  # process sets kept besides the global one (a split needs one; trials and returns a few)
+LIVE = 2  # sets of several ranks kept (the split's and one more); each costs a negotiation per cycle
+FIXED_UP_TO = 64  # ranks up to which every set of one rank out is made at start (one communicator each)
 
 
 class SitOutSets:
     """Rank subsets -> the process set (or group) of the other ranks, made when first asked for."""
 
-    def __init__(self, size: int, everyone, make, remove, live: int = LIVE):
+    def __init__(self, size: int, everyone, make, remove, live: int = LIVE, fixed: dict | None = None):
         self.size, self.everyone, self.live = int(size), everyone, int(live)
         self._make, self._remove = make, remove  # ranks -> a new set; a set -> None (both collective)
+        self.fixed = fixed or {}  # ranks out -> a set made at start, never removed
         self._made: OrderedDict[frozenset, object] = OrderedDict()
 
     @classmethod
-    def horovod(cls, hvd, size: int, gloo_comm=None) -> SitOutSets:
-        """After ``hvd.init(process_sets="dynamic")``. ``gloo_comm``: Horovod runs on Gloo, whose
-        process sets meet at a rendezvous store, open again over this MPI communicator while one is
-        made (:func:`bno_hvd.processes.gloo.rendezvous_open`)."""
-        if gloo_comm is None:
-            return cls(size, hvd.global_process_set, hvd.add_process_set, hvd.remove_process_set)
-        from bno_hvd.processes.gloo import rendezvous_open
+    def horovod(cls, hvd, size: int, start) -> SitOutSets:
+        """Before ``hvd.init``: pass :meth:`static` to it. ``start(process_sets)`` initialises
+        Horovod with these static sets (collective; on Gloo with a rendezvous store open)."""
+        others = [[i for i in range(size) if i != r] for r in range(1, size if size <= FIXED_UP_TO else 1)]
+        sets = cls(size, hvd.global_process_set, None, lambda _: None, fixed={})
+        sets.fixed = {frozenset(set(range(size)) - set(o)): hvd.ProcessSet(o) for o in others}
 
         def make(ranks):
-            with rendezvous_open(gloo_comm):
-                return hvd.add_process_set(ranks)
+            made = hvd.ProcessSet(ranks)
+            hvd.shutdown()  # between updates: nothing is in flight
+            start(sets.static() + [made])
+            return made
 
-        return cls(size, hvd.global_process_set, make, hvd.remove_process_set)
+        sets._make = make
+        return sets
+
+    def static(self) -> list:
+        """Every set made and kept (Horovod: what ``hvd.init`` is given)."""
+        return list(self.fixed.values()) + list(self._made.values())
 
     @classmethod
     def torch(cls, size: int) -> SitOutSets:
@@ -65,6 +75,8 @@ class SitOutSets:
         if not key:
             return self.everyone
         check_invariant(0 not in key and len(key) < self.size, f"ranks {sorted(key)} cannot sit out")
+        if key in self.fixed:
+            return self.fixed[key]
         if key in self._made:
             self._made.move_to_end(key)
             return self._made[key]
@@ -74,5 +86,5 @@ class SitOutSets:
         return made
 
     def __len__(self) -> int:
-        """Sets made and kept."""
+        """Sets of several ranks made and kept."""
         return len(self._made)

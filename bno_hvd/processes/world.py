@@ -148,8 +148,12 @@ def init_world(
                 f"{os.environ['HOROVOD_GLOO_IFACE']}, rendezvous on {where} until every rank joined); "
                 "the control plane on MPI"
             )
-    # any ranks but 0 may sit an update out: the process set of the others is made when first needed
-    hvd.init(process_sets="dynamic" if comm.Get_size() > 1 else None)
+    # any ranks but 0 may sit an update out: the process sets of the others (sitsets.py)
+    gloo = comm.Dup() if collectives == "gloo" and comm.Get_size() > 1 else None  # (a new start's rendezvous)
+    sets = (
+        SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo)) if comm.Get_size() > 1 else None
+    )
+    hvd.init(process_sets=None if sets is None else sets.static())
     if collectives == "gloo":
         close_rendezvous(comm)  # the rendezvous store is needed only while the ranks join
     if comm.Get_size() != hvd.size():
@@ -161,9 +165,20 @@ def init_world(
         for note in notes:  # once per job, where the user sees it (and in every run.json)
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
-    gloo = comm.Dup() if collectives == "gloo" and world.size > 1 else None  # (its sets' rendezvous)
-    world.sit_out_sets = SitOutSets.horovod(hvd, world.size, gloo) if world.size > 1 else None
+    world.sit_out_sets = sets
     return world
+
+
+def _start_again(hvd, process_sets: list, gloo_comm) -> None:
+    """Horovod initialised again with these static process sets (after ``hvd.shutdown``; collective);
+    on Gloo its ranks meet at a rendezvous store open meanwhile."""
+    if gloo_comm is None:
+        hvd.init(process_sets=process_sets)
+        return
+    from bno_hvd.processes.gloo import rendezvous_open
+
+    with rendezvous_open(gloo_comm):
+        hvd.init(process_sets=process_sets)
 
 
 EXIT_WAIT_SECONDS = 60.0  # how long a rank at its exit waits for the others (leave_together)

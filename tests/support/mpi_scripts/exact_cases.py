@@ -14,7 +14,7 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE multisit``: as ``sitout``, with several ranks out at once (up to 3 of 4), five sets of
-  ranks out in turn (the fifth's process set replaces the first's: at most ``LIVE`` are kept);
+  ranks out in turn (a later set replaces the least recently used: at most ``LIVE`` are kept);
   ``--engine=torch`` among the cases runs the job on torch.distributed instead of Horovod,
   ``--collectives=gloo`` Horovod's collectives on Gloo (its process sets meet at a rendezvous).
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with

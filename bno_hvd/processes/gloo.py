@@ -12,9 +12,9 @@ with ``HOROVOD_CONTROLLER=gloo`` and ``HOROVOD_CPU_OPERATIONS=gloo`` beside mpi4
 
 The store speaks HTTP without authentication, so it listens only on the address of the interface
 below (127.0.0.1 on one host) and only until every rank has joined (:func:`close_rendezvous`,
-right after ``hvd.init()``); Horovod's own server would listen on 0.0.0.0 for the whole job. A
-process set made later (ranks that sit out: :mod:`bno_hvd.processes.sitsets`) builds its Gloo
-contexts there too: a new store is open while it is made (:func:`rendezvous_open`).
+right after ``hvd.init()``); Horovod's own server would listen on 0.0.0.0 for the whole job. When
+Horovod starts again with a new process set (ranks that sit out: :mod:`bno_hvd.processes.sitsets`)
+its ranks meet there too: a new store is open meanwhile (:func:`rendezvous_open`).
 
 The network interface Gloo binds to: ``BNO_GLOO_IFACE`` if set; ``lo`` when every rank is on one
 host; otherwise the interface holding this host's address in the subnet Open MPI was told to use
@@ -165,8 +165,8 @@ def close_rendezvous(comm) -> None:
 @contextmanager
 def rendezvous_open(comm):
     """Collective over ``comm`` (the MPI world): a new store open (rank 0), and every rank told its
-    port, while Horovod builds the Gloo contexts of a process set made after ``hvd.init()``
-    (``hvd.add_process_set``, which returns once every rank's are built); closed after."""
+    port, while Horovod starts again (``hvd.init`` with a new process set, which returns once every
+    rank's Gloo contexts are built); closed after."""
     server = RendezvousStore(*init_gloo_env.where) if comm.Get_rank() == 0 else None
     os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(comm.bcast(server and server.port, root=0))
     try:

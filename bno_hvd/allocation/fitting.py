@@ -47,11 +47,12 @@ def predicted_step(model, sizes) -> float:
     return float(np.max(times[np.asarray(sizes) > 0]))
 
 
-def split_without(model, r: int, total: int) -> list[int]:
-    """``total`` samples split over every rank but ``r`` (which gets 0) so that they finish
-    together under ``model = (a, c, caps, offsets)``."""
+def split_without(model, out, total: int) -> list[int]:
+    """``total`` samples split over every rank not in ``out`` (a rank or a collection of ranks,
+    which get 0) so that they finish together under ``model = (a, c, caps, offsets)``."""
     a, c, caps, offsets = model
-    keep = np.arange(len(a)) != r
+    keep = np.ones(len(a), dtype=bool)
+    keep[[int(out)] if np.isscalar(out) else sorted(out)] = False
     cap = None if caps is None else [x for x, k in zip(caps, keep) if k]
     part = solve_equal_finish(np.asarray(a)[keep], np.asarray(c)[keep], total, cap, np.asarray(offsets)[keep])
     sizes = np.zeros(len(a), dtype=int)

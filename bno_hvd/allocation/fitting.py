@@ -95,26 +95,27 @@ def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[floa
     def sizes(t: float) -> np.ndarray:
         return np.maximum(_largest_batch(a, c, cap, t - o), 1.0)
 
-    # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect.
-    t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
-    t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
-    for _ in range(200):
-        mid = 0.5 * (t_lo + t_hi)
-        if mid <= t_lo or mid >= t_hi:
-            break
-        if sizes(mid).sum() < total:
-            t_lo = mid
-        else:
-            t_hi = mid
-    b = sizes(t_hi)
-    # Without caps the bisection fixes which ranks sit at 1 sample; the closed form gives T* exactly.
-    if caps is None or np.isinf(cap).all():
-        free = sizes(t_lo) > 1.0
-        if free.any():
-            t_star = (total - (~free).sum() + ((a[free] + o[free]) / c[free]).sum()) / (1.0 / c[free]).sum()
-            exact = sizes(t_star)
-            if abs(exact.sum() - total) <= 1e-9 * max(total, 1.0):
-                b = exact
+    if caps is None or np.isinf(cap).all():  # the closed form: ranks below 1 sample held at 1, in turn
+        free = np.ones(n, dtype=bool)
+        while True:
+            t_lo = t_hi = (total - (~free).sum() + ((a + o) / c)[free].sum()) / (1.0 / c)[free].sum()
+            low = free & (sizes(t_lo) <= 1.0)
+            if not low.any():
+                break
+            free &= ~low  # (each one held at 1 leaves the others less: T* only falls, none comes back)
+        b = sizes(t_lo)
+    else:  # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect
+        t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
+        t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
+        for _ in range(200):
+            mid = 0.5 * (t_lo + t_hi)
+            if mid <= t_lo or mid >= t_hi:
+                break
+            if sizes(mid).sum() < total:
+                t_lo = mid
+            else:
+                t_hi = mid
+        b = sizes(t_hi)
     # With caps, several ranks can sit on a jump (at k * cap) at T*: share out what is left.
     if abs(b.sum() - total) > 1e-9 * max(total, 1.0):
         low = sizes(t_lo)

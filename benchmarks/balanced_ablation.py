@@ -55,6 +55,14 @@ class NoForget(EqualFinishStrategy):
         return []
 
 
+class OneAtATime(EqualFinishStrategy):
+    """At most one rank out at a time (the sit-out before several could leave together)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sitouts.most = 1
+
+
 VARIANTS = {
     "balanced": "balanced",
     "no-shape": NoShape,
@@ -63,6 +71,7 @@ VARIANTS = {
     "no-threshold": "balanced:deadband=0",
     "no-forget": NoForget,
     "no-sit-out": "balanced:sit_out=0",
+    "one-at-a-time": OneAtATime,
     "no-trials": "balanced:starved_share=0",
     "no-remeasure": "balanced:sit_out=1000000",
 }

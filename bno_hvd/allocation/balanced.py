@@ -9,12 +9,12 @@ least of them (:func:`throttle_offsets`). A rank without measurements, or whose 
 steps are from before), counts as a typical rank (the median fit) until it is measured again.
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
-(:func:`solve_equal_finish`) or, where the loop allows it, one rank but 0 sitting the update out
-(:mod:`.sitting`) - when it is predicted to shorten the update by more than ``deadband`` (5%).
-What the model cannot see is measured: a rank that gets less than
+(:func:`solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
+rank 0) sitting the update out (:mod:`.sitting`) - when it is predicted to shorten the update by
+more than ``deadband`` (5%). What the model cannot see is measured: a rank that gets less than
 ``starved_share`` of the others' share of the CPU is tried out for one interval and stays out if
-the updates were faster without it. A rank out is measured again after ``sit_out`` rebalances
-(twice as long each time it was right to leave), or at once when its limit rises.
+the updates were faster without it. Ranks out are measured again after ``sit_out`` rebalances
+(twice as long each time they were right to leave), or at once when a limit rises.
 Options, constants and the ablation behind each part: docs/heterogeneity.md.
 """
 
@@ -104,9 +104,8 @@ class EqualFinishStrategy(Strategy):
         whole = sum(current) == self.global_batch  # (a split of another global batch is never kept)
         may_sit_out = self.sit_out_ok and self.options["sit_out"] > 0 and self.n_ranks > 1
         if may_sit_out:
-            settled = whole and _gain(model, current, sizes) <= threshold  # trials start from the model's split
-            at = (update, self.global_batch, threshold, self.sigmas, settled)
-            sizes, moved, _ = self.sitouts.decide(model, sizes, current, known, metrics, *at)
+            at = (update, self.global_batch, threshold, self.sigmas, whole)
+            sizes, moved = self.sitouts.decide(model, sizes, current, known, metrics, *at)
             if moved:
                 self.last_note = moved
                 return sizes

@@ -47,11 +47,12 @@ def predicted_step(model, sizes) -> float:
     return float(np.max(times[np.asarray(sizes) > 0]))
 
 
-def split_without(model, r: int, total: int) -> list[int]:
-    """``total`` samples split over every rank but ``r`` (which gets 0) so that they finish
-    together under ``model = (a, c, caps, offsets)``."""
+def split_without(model, out, total: int) -> list[int]:
+    """``total`` samples split over every rank not in ``out`` (a rank or a collection of ranks,
+    which get 0) so that they finish together under ``model = (a, c, caps, offsets)``."""
     a, c, caps, offsets = model
-    keep = np.arange(len(a)) != r
+    keep = np.ones(len(a), dtype=bool)
+    keep[[int(out)] if np.isscalar(out) else sorted(out)] = False
     cap = None if caps is None else [x for x, k in zip(caps, keep) if k]
     part = solve_equal_finish(np.asarray(a)[keep], np.asarray(c)[keep], total, cap, np.asarray(offsets)[keep])
     sizes = np.zeros(len(a), dtype=int)
@@ -94,26 +95,27 @@ def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[floa
     def sizes(t: float) -> np.ndarray:
         return np.maximum(_largest_batch(a, c, cap, t - o), 1.0)
 
-    # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect.
-    t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
-    t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
-    for _ in range(200):
-        mid = 0.5 * (t_lo + t_hi)
-        if mid <= t_lo or mid >= t_hi:
-            break
-        if sizes(mid).sum() < total:
-            t_lo = mid
-        else:
-            t_hi = mid
-    b = sizes(t_hi)
-    # Without caps the bisection fixes which ranks sit at 1 sample; the closed form gives T* exactly.
-    if caps is None or np.isinf(cap).all():
-        free = sizes(t_lo) > 1.0
-        if free.any():
-            t_star = (total - (~free).sum() + ((a[free] + o[free]) / c[free]).sum()) / (1.0 / c[free]).sum()
-            exact = sizes(t_star)
-            if abs(exact.sum() - total) <= 1e-9 * max(total, 1.0):
-                b = exact
+    if caps is None or np.isinf(cap).all():  # the closed form: ranks below 1 sample held at 1, in turn
+        free = np.ones(n, dtype=bool)
+        while True:
+            t_lo = t_hi = (total - (~free).sum() + ((a + o) / c)[free].sum()) / (1.0 / c)[free].sum()
+            low = free & (sizes(t_lo) <= 1.0)
+            if not low.any():
+                break
+            free &= ~low  # (each one held at 1 leaves the others less: T* only falls, none comes back)
+        b = sizes(t_lo)
+    else:  # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect
+        t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
+        t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())
+        for _ in range(200):
+            mid = 0.5 * (t_lo + t_hi)
+            if mid <= t_lo or mid >= t_hi:
+                break
+            if sizes(mid).sum() < total:
+                t_lo = mid
+            else:
+                t_hi = mid
+        b = sizes(t_hi)
     # With caps, several ranks can sit on a jump (at k * cap) at T*: share out what is left.
     if abs(b.sum() - total) > 1e-9 * max(total, 1.0):
         low = sizes(t_lo)
@@ -154,19 +156,26 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
     """One model for every rank: a step of ``b`` samples takes ``c_i * (k * passes_i(b) + b)`` s.
 
     ``k`` (the fixed cost of a pass, in samples) is one number for the cluster: every rank runs the
-    same code, and a CPU limit or a slower device scales fixed and per-sample costs together. It
-    is the ``k`` in ``[0, most]`` that fits the steps of every rank whose sizes differ by 25% or
-    more (least squares of each rank's times over their mean); where none did, ``shape``
-    (the last one) stands: one size cannot tell a fixed cost from a per-sample one, and two
-    close sizes under jittery steps (10 and 11 samples) gave any ``k`` from 0 to the limit. Every step counts:
-    under a long CFS period a rank's steps are bimodal (within its budget, or a whole period
-    later), and dropping either mode as outliers misjudged its mean by 20x. ``groups``: lists
-    of ranks known to run at one speed (one CPU limit), which share one ``c`` fitted to their
-    steps together (each step with its own rank's passes).
+    same code, and a CPU limit or a slower device scales fixed and per-sample costs together.
+    ``groups``: lists of ranks known to run at one speed (one CPU limit), which share one ``c``
+    fitted to their steps together (each step with its own rank's passes); alone, a rank is its
+    own group. ``k`` is the one in ``[0, most]`` that fits, with the same groups, the steps of
+    every group whose sizes differ by 25% or more or whose ranks take different numbers of passes
+    (least squares of each group's times over their mean): ranks at one speed under different
+    memory caps price a pass even at one size. Where no group did, ``shape`` (the last one) stands:
+    one size cannot tell a fixed cost from a per-sample one, and two close sizes under jittery
+    steps (10 and 11 samples) gave any ``k`` from 0 to the limit. Every step counts: under a long
+    CFS period a rank's steps are bimodal (within its budget, or a whole period later), and
+    dropping either mode as outliers misjudged its mean by 20x.
     Returns ``(k, c)``: ``c`` per rank (NaN: no usable step).
     """
     steps = [np.array(valid_points(samples, window)).reshape(-1, 2) for samples in windows]
-    spanning = [(p, cap) for p, cap in zip(steps, caps) if len(p) and p[:, 0].max() >= 1.25 * p[:, 0].min()]
+    groups = [list(g) for g in groups] if groups else [[i] for i in range(len(steps))]
+    data = []  # per group: its steps' sizes, passes and times
+    for g in groups:
+        b, t = (np.concatenate([steps[i][:, j] for i in g]) for j in (0, 1))
+        data.append((b, np.concatenate([passes(steps[i][:, 0], caps[i]) for i in g]), t))
+    spanning = [(b, m, t) for b, m, t in data if len(b) and (b.max() >= 1.25 * b.min() or m.max() > m.min())]
     k = float(shape)
     if spanning and most > 0:
         grid = np.concatenate([[0.0], np.geomspace(most / 1000, most, 61)])
@@ -174,19 +183,19 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
             k = float(grid[np.argmin(_misfit(spanning, grid))])
             grid = np.linspace(k / 1.13, min(k * 1.13, most), 41)
     c = np.full(len(steps), np.nan)
-    for group in groups or [[i] for i in range(len(steps))]:
-        x = np.concatenate([k * passes(steps[i][:, 0], caps[i]) + steps[i][:, 0] for i in group])
+    for g, (b, m, t) in zip(groups, data):
+        x = k * m + b
         if len(x):
-            c[group] = float(np.concatenate([steps[i][:, 1] for i in group]) @ x / (x @ x))
+            c[g] = float(t @ x / (x @ x))
     return k, c
 
 
 def _misfit(spanning, grid: np.ndarray) -> np.ndarray:
     """For each ``k`` of ``grid``: the squared error of the best ``c * (k * passes + b)`` fit to
-    each rank's steps (times over their mean), summed over the ranks."""
+    each group's steps (times over their mean), summed over the groups."""
     total = np.zeros(grid.size)
-    for pts, cap in spanning:
-        t, x = pts[:, 1] / pts[:, 1].mean(), grid[:, None] * passes(pts[:, 0], cap)[None, :] + pts[:, 0]
+    for b, m, t in spanning:
+        t, x = t / t.mean(), grid[:, None] * m[None, :] + b
         c = (x @ t) / (x * x).sum(axis=1)
         total += ((t - c[:, None] * x) ** 2).sum(axis=1)
     return total

@@ -1,34 +1,29 @@
-"""When ``balanced`` lets a rank sit out (0 samples, no part in the allreduce), and when it is back.
+"""When ``balanced`` lets ranks sit out (0 samples, no part in the allreduce), and when they are back.
 
-Two ways in, both for the rank that costs most, never rank 0, one rank at a time:
+Any ranks but 0 may be out at once. Two ways in:
 
-* **Predicted.** The rank slowest at the split sits out when the global batch split over the
-  others is predicted to finish an update sooner by more than the deadband's threshold: its own
-  time at its share (at least one sample, its throttled sync and arrival penalty in the model's
-  offsets) is then the whole step's.
-* **Measured (a trial).** What a rank costs inside the allreduce is not always in the model: a
-  rank sharing its core with busy processes has no CPU limit to charge, and its part of every
-  ring step waits for the scheduler (seen: 118 ms of sync per update with it, 43 ms without, at
-  the same compute). A rank that gets less than ``starved_share`` of the others' share of the CPU
-  (:attr:`ClusterMetrics.cpu_share`: the time it ran over the time it could run; and of their
-  CPU per wall second, :func:`starved`) is sat out for one interval, and rank 0's measured
-  update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out only if the updates
-  without it were faster by more than the threshold and their noise. A rank
-  is tried out only while the split is the fit's (the rebalance keeps it, within the deadband):
-  the interval the trial is measured against must be the best split with it, not the even split
-  of the first interval (seen: a trial at update 4 measured 322 ms both ways at 16,16; the fit's
-  21,11 then took 224 ms). A rank that is not runnable (waiting for its
-  device, a slower GPU or an EMULATED one, or with less work) is not starved
-  (:meth:`bno_hvd.library.timing.StepTimer.cpu_share`). A trial
-  that does not pay is not tried again for ``sit_out`` rebalances, then twice as long each time;
-  nor is a rank tried out within that long after it came back, nor one whose fit is gone (its
-  limit rose: it is measured at its share first).
+* **Predicted.** Ranks ordered by their predicted time at one sample (their throttled sync is in
+  the model's offsets), the ``k`` slowest sit out, for the ``k`` whose split over the others is
+  predicted fastest, when faster by more than the deadband's threshold (of four ranks equally
+  starved none alone is worth removing: one at a time held them at 1 sample each).
+* **Measured (a trial).** A rank sharing its core with busy processes has no CPU limit to charge,
+  and its part of every ring step waits for the scheduler (seen: 118 ms of sync per update with
+  it, 43 ms without, at the same compute). A rank that gets less than ``starved_share`` of the
+  others' share of the CPU (:func:`starved`: run over runnable time, and CPU per wall second, so
+  a rank waiting for its device or with less work is not starved) is sat out for one interval,
+  and rank 0's measured update time (:attr:`ClusterMetrics.cycle_samples`) decides: it stays out
+  only if the updates without it were faster by more than the threshold and their noise. One
+  rank is tried at a time, at a rebalance that changes nothing else and keeps the fit's split
+  (seen: a trial from the first interval's 16,16 measured 322 ms both ways; the fit's 21,11
+  took 224 ms). A trial that does not pay is not repeated for ``sit_out`` rebalances, then twice
+  as long each time; nor is a rank tried within that long after it came back, nor one whose fit
+  is gone (its limit rose).
 
-A rank that sits out stays out unless its CPU limit rose (its fit is gone), the model predicts
-its return pays (not after a measured gain: the model did not see it), or it has been out for
-``sit_out`` rebalances: then it is measured again at its share. If the interval with it back is
-measured slower than the last one without it by the same margin, it sits out again at once, for
-twice as long.
+A rank out stays out unless its CPU limit rose (its fit is gone), the model predicts its return
+pays (not after a measured gain: the model did not see it), or it has been out for ``sit_out``
+rebalances: then it is measured again at its share (ranks due together, together). If the
+interval with them back is measured slower than the last one without them by the same margin,
+they sit out again at once, for twice as long.
 
 Pure, like every strategy: all numbers come in with the :class:`ClusterMetrics`.
 """
@@ -77,147 +72,181 @@ def measured_step(metrics: ClusterMetrics, since: int, rank: int | None = None, 
     return Measured(med, se / med, int(t.size))
 
 
-def starved(metrics: ClusterMetrics, share: float) -> int | None:
-    """The rank (never 0) that gets the least share of the CPU, if below ``share`` of the
-    median of the others, and its CPU per wall second too where known; None when no rank is
-    (or the shares are not known). The two err apart: a rank with less work or a slower device
-    uses less CPU per second but is not runnable more; a rank whose spinning threads queue
-    behind busy neighbours is runnable more but uses as much CPU per second."""
-    got = np.array([np.nan if x is None else float(x) for x in metrics.cpu_share])
+def starved(metrics: ClusterMetrics, share: float, out=()) -> int | None:
+    """The rank (never 0, none in ``out``) that gets the least share of the CPU, if below
+    ``share`` of the median of the others in, and its CPU per wall second too where known; None
+    when no rank is (or the shares are not known). The two err apart: a rank with less work or a
+    slower device uses less CPU per second but is not runnable more; a rank whose spinning
+    threads queue behind busy neighbours is runnable more but uses as much CPU per second."""
+    live = [i for i in range(len(metrics.cpu_share)) if i not in out]
+    got = np.array([np.nan if metrics.cpu_share[i] is None else float(metrics.cpu_share[i]) for i in live])
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
         return None
-    r = 1 + int(np.argmin(got[1:]))
-    if share_of_others(metrics.cpu_share, r) >= share:
+    r = live[1 + int(np.argmin(got[1:]))]
+    if share_of_others(metrics.cpu_share, r, out) >= share:
         return None
-    per_wall = metrics.cpu_per_wall
-    if _known(per_wall) and share_of_others(per_wall, r) >= share:
+    per_wall = [metrics.cpu_per_wall[i] for i in live]
+    if all(x is not None and x > 0 for x in per_wall) and share_of_others(metrics.cpu_per_wall, r, out) >= share:
         return None
     return r
 
 
-def _known(shares) -> bool:
-    return all(x is not None and x > 0 for x in shares)
-
-
-def share_of_others(shares, r: int) -> float:
-    """Rank ``r``'s share over the median of the other ranks'."""
-    got = np.array(shares, dtype=float)
-    return float(got[r] / np.median(np.delete(got, r)))
+def share_of_others(shares, r: int, out=()) -> float:
+    """Rank ``r``'s share over the median of the other ranks' (none in ``out``)."""
+    others = [float(x) for i, x in enumerate(shares) if i != r and i not in out]
+    return float(shares[r]) / float(np.median(others))
 
 
 class SitOuts:
     """The sit-out decisions of one ``balanced`` (see the module doc)."""
 
+    most: int | None = None  # the most ranks out at once (None: all but rank 0; 1 in the ablation)
+
     def __init__(self, every: int, starved_share: float):
         self.every = int(every)  # rebalances out before a rank is measured again; 0: never sits out
         self.starved_share = float(starved_share)
-        self.out_for = 0  # rebalances the rank that sits out has been out
-        self.period = self.every  # ... before it is measured again (doubles while it measures slower)
+        self.out: dict[int, list] = {}  # rank out -> [rebalances out, ... before it is measured, out as measured]
         self.since = 0  # update of the last rebalance: the interval measured at this one starts here
         self.trial: dict | None = None  # {"rank", "with"}: a rank sat out to measure the update without it
-        self.back: dict | None = None  # {"rank", "without"}: a rank back to be measured, and the update without it
+        self.back: dict | None = None  # {"ranks", "without", "period"}: ranks back to be measured
         self.next_trial: dict[int, int] = {}  # rank -> the rebalance count from which it may be tried again
         self.wait: dict[int, int] = {}  # rank -> rebalances until a new trial after its last one failed
         self.count = 0  # rebalances seen
-        self.measured = False  # the rank out is out because it measured faster: the model cannot call it back
+        self.unknown = [0, self.every, False]  # the record of a rank out without one (an old checkpoint's)
 
-    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas, settled):
-        """``(sizes, note, back)``: the split (one rank may have 0), why it differs from the fit's
-        (None: it does not), and the rank that just came back (None: none). ``settled``: the
-        current split is the fit's (within the deadband); only then is a rank tried out."""
+    def decide(self, model, sizes, current, known, metrics, update, global_batch, threshold, sigmas, whole):
+        """``(sizes, note)``: the split (ranks out have 0) and why it differs from the fit's (None:
+        it does not). ``whole``: ``current`` splits the global batch (only then is a rank tried out)."""
         since, self.since = self.since, int(update)
         self.count += 1
-        was = [i for i, b in enumerate(current) if b == 0]
-        if was:
-            return self._while_out(model, sizes, was[0], known, metrics, since, global_batch, threshold, sigmas)
-        back, self.back = self.back, None
-        if back is not None:  # measured again: out at once if the update was faster without it
-            r, without = back["rank"], Measured(*back["without"])
-            now = measured_step(metrics, since, r, present=True)
+        out = {i for i, b in enumerate(current) if b == 0}
+        self.out, self.unknown = {r: self.out.get(r) or list(self.unknown) for r in out}, [0, self.every, False]
+        at = (metrics, since, threshold, sigmas)
+        (trial, self.trial), (back, self.back), notes = (self.trial, None), (self.back, None), []
+        done = set()  # ranks decided on already at this rebalance
+        if trial is not None and trial["rank"] in out:
+            done, note = {trial["rank"]}, self._trial_ended(trial["rank"], Measured(*trial["with"]), out, *at)
+            notes.append(note)
+        elif back is not None and not out & set(back["ranks"]):  # measured again: out at once if slower with them
+            done, without = set(back["ranks"]), Measured(*back["without"])
+            now = measured_step(metrics, since, back["ranks"][0])
             if now is not None and without.faster_than(now, threshold, sigmas):
-                self.out_for, self.period, self.measured = 0, 2 * self.period, True
-                return split_without(model, r, global_batch), _measured(r, without, now, "sits out again"), None
-            # not slower with it (its neighbours left, say): no trial of it for a while either
-            self.period, self.next_trial[r] = self.every, self.count + self.wait.get(r, self.every)
-        times = step_time(*model[:2], sizes, *model[2:])
-        r = 1 + int(np.argmax(times[1:]))
-        without = split_without(model, r, global_batch)
-        step_with, step_without = predicted_step(model, sizes), predicted_step(model, without)
-        if step_without < (1 - threshold) * step_with:
-            self.out_for, self.measured = 0, False
-            return (
-                without,
-                (
-                    f"rank {r} sits out: an update is predicted to take {1e3 * step_without:.0f} ms without it, "
-                    f"{1e3 * step_with:.0f} ms with it at {sizes[r]} sample(s)"
-                ),
-                None,
+                out.update(done)
+                self.out.update({r: [0, 2 * back["period"], True] for r in done})
+                notes.append(_measured(back["ranks"], without, now, again=True))
+            else:  # not slower with them (their neighbours left, say): no trial of them for a while either
+                self.next_trial.update({r: self.count + self.wait.get(r, self.every) for r in done})
+        for r in out - done:
+            self.out[r][0] += 1
+        if not notes:
+            notes += self._back(sorted(out - done), model, out, known, global_batch, metrics, since, threshold)
+        if not notes:
+            notes.append(self._predicted(model, out, global_batch, threshold))
+        fit = split_without(model, out, global_batch) if out else list(sizes)
+        if not any(notes) and whole and predicted_step(model, fit) >= (1 - threshold) * predicted_step(model, current):
+            notes.append(self._try_out(out, known, metrics, since))  # (the split is the fit's)
+        notes, self.out = [n for n in notes if n], {r: v for r, v in self.out.items() if r in out}
+        return (split_without(model, out, global_batch) if out else list(sizes)), "; ".join(notes) or None
+
+    def _trial_ended(self, r, before, out, metrics, since, threshold, sigmas) -> str:
+        without = measured_step(metrics, since, r, present=False)
+        if without is not None and without.faster_than(before, threshold, sigmas):
+            self.out[r] = [1, self.every, True]
+            return _measured([r], without, before)
+        wait = self.wait.get(r, self.every)
+        self.wait[r], self.next_trial[r] = 2 * wait, self.count + wait
+        out.discard(r)
+        told = "too few updates" if without is None else f"{1e3 * without.seconds:.0f} ms per update"
+        return f"rank {r} is back: its trial measured {told} without it, {1e3 * before.seconds:.0f} ms with it"
+
+    def _back(self, ranks, model, out, known, global_batch, metrics, since, threshold) -> list[str]:
+        """The ranks out that are back (together, measured together at the next rebalance), and why."""
+        now, came, why_back = predicted_step(model, split_without(model, out, global_batch)), [], {}
+        for r in ranks:
+            out_for, period, measured = self.out[r]
+            other = predicted_step(model, split_without(model, out - {r}, global_batch))
+            why = (
+                (not known[r], "its CPU limit rose"),
+                (not measured and other < (1 - threshold) * now, "the model predicts its return pays"),
+                (out_for > period, f"after {period} rebalance{'s' * (period > 1)} out, to be measured again"),
             )
-        r = starved(metrics, self.starved_share)
-        if r is None or not settled or not known[r] or self.count < self.next_trial.get(r, 0):
-            return sizes, None, None  # (a rank whose fit is gone, its limit rose: measured at its share first)
+            reason = next((text for hit, text in why if hit), None)
+            if reason is not None:
+                came.append(r)
+                why_back.setdefault(reason, []).append(r)
+                self.next_trial[r] = self.count + 1 + self.wait.get(r, self.every)  # measured at its share first
+        without = measured_step(metrics, since, came[0], present=False) if came else None
+        fitted = [r for r in came if known[r]]  # (a rank whose limit rose is measured by its fit)
+        if without is not None and fitted:
+            period = max(self.out[r][1] for r in fitted)
+            self.back = {"ranks": fitted, "without": [without.seconds, without.noise, without.count], "period": period}
+        out.difference_update(came)
+        return [f"{_who(rs, 'is', 'are')[0]} back: {reason}" for reason, rs in why_back.items()]
+
+    def _predicted(self, model, out, global_batch, threshold) -> str | None:
+        """The k ranks slowest at one sample sit out, for the k predicted fastest (see the module doc)."""
+        one = step_time(*model[:2], np.ones(len(model[0])), *model[2:])
+        rest = sorted((i for i in range(1, len(one)) if i not in out), key=lambda i: (-one[i], -i))
+        room = len(rest) if self.most is None else min(max(self.most - len(out), 0), len(rest))
+        now = split_without(model, out, global_batch)
+        times = [predicted_step(model, split_without(model, out | {*rest[:k]}, global_batch)) for k in range(room + 1)]
+        k = int(np.argmin(times))
+        if times[k] >= (1 - threshold) * times[0]:
+            return None
+        leave = sorted(rest[:k])
+        out.update(leave)
+        self.out.update({r: [0, self.every, False] for r in leave})
+        who, it = _who(leave)
+        return (
+            f"{who} out: an update is predicted to take {1e3 * times[k]:.0f} ms without {it}, "
+            f"{1e3 * times[0]:.0f} ms with {it} at {', '.join(str(now[r]) for r in leave)} sample(s)"
+        )
+
+    def _try_out(self, out, known, metrics, since) -> str | None:
+        """A starved rank sat out for one interval, to measure the update without it."""
+        r = None if self.most is not None and len(out) >= self.most else starved(metrics, self.starved_share, out)
+        if r is None or not known[r] or self.count < self.next_trial.get(r, 0):
+            return None  # (a rank whose fit is gone, its limit rose: measured at its share first)
         now = measured_step(metrics, since)
         if now is None:
-            return sizes, None, None
+            return None
         self.trial = {"rank": r, "with": [now.seconds, now.noise, now.count]}
-        note = (
-            f"rank {r} is tried out for one interval: it gets {share_of_others(metrics.cpu_share, r):.2f} of "
-            f"the others' share of the CPU{_per_wall(metrics, r)}"
-        )
-        return split_without(model, r, global_batch), note, None
-
-    def _while_out(self, model, sizes, r, known, metrics, since, global_batch, threshold, sigmas):
-        without = measured_step(metrics, since, r, present=False)
-        trial, self.trial = self.trial, None
-        if trial is not None and trial["rank"] == r:
-            before = Measured(*trial["with"])
-            if without is not None and without.faster_than(before, threshold, sigmas):
-                self.out_for, self.period, self.measured = 1, self.every, True
-                return split_without(model, r, global_batch), _measured(r, without, before, "sits out"), None
-            wait = self.wait.get(r, self.every)
-            self.wait[r], self.next_trial[r] = 2 * wait, self.count + wait
-            told = "too few updates" if without is None else f"{1e3 * without.seconds:.0f} ms per update"
-            note = f"rank {r} is back: its trial measured {told} without it, {1e3 * before.seconds:.0f} ms with it"
-            return sizes, note, r
-        self.out_for += 1
-        other = split_without(model, r, global_batch)
-        pays = not self.measured and predicted_step(model, sizes) < (1 - threshold) * predicted_step(model, other)
-        why = ((not known[r], "its CPU limit rose"), (pays, "the model predicts its return pays"))
-        out = f"after {self.period} rebalance{'s' * (self.period > 1)} out, to be measured again"
-        why += ((self.out_for > self.period, out),)
-        reason = next((text for hit, text in why if hit), None)
-        if reason is None:
-            return other, None, None
-        if without is not None and known[r]:
-            self.back = {"rank": r, "without": [without.seconds, without.noise, without.count]}
-        self.next_trial[r] = self.count + 1 + self.wait.get(r, self.every)  # measured at its share first
-        return sizes, f"rank {r} is back: {reason}", r
+        share = share_of_others(metrics.cpu_share, r, out)
+        out.add(r)
+        self.out[r] = [0, self.every, False]
+        return f"rank {r} is tried out for one interval: it gets {share:.2f} of the others' share of the CPU"
 
     def state_dict(self) -> dict:
-        keys = ("out_for", "period", "since", "trial", "back", "count", "measured")
         return {
-            **{k: getattr(self, k) for k in keys},
-            "next_trial": [[int(r), int(c)] for r, c in self.next_trial.items()],
-            "wait": [[int(r), int(c)] for r, c in self.wait.items()],
+            **{k: getattr(self, k) for k in ("since", "trial", "back", "count")},
+            "out": [[int(r), *v] for r, v in sorted(self.out.items())],
+            **{k: [[int(r), int(c)] for r, c in getattr(self, k).items()] for k in ("next_trial", "wait")},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("out_for", "period", "since", "count"):
-            setattr(self, key, int(state.get(key, getattr(self, key))))
+        """Restore; a checkpoint of the one-rank sit-out loads too (its ``out_for``, ``period`` and
+        ``measured`` are the record of the rank out at the next rebalance)."""
+        self.since, self.count = int(state.get("since", self.since)), int(state.get("count", self.count))
         self.trial, self.back = state.get("trial"), state.get("back")
-        self.measured = bool(state.get("measured", False))
+        self.out = {int(r): [int(n), int(p), bool(m)] for r, n, p, m in state.get("out", [])}
+        old = [int(state.get("out_for", 0)), int(state.get("period", self.every)), bool(state.get("measured", False))]
+        self.unknown = old if "out_for" in state else [0, self.every, False]
+        if self.back is not None and "rank" in self.back:  # the one-rank sit-out's
+            self.back = {"ranks": [self.back["rank"]], "without": self.back["without"], "period": old[1]}
         self.next_trial = {int(r): int(c) for r, c in state.get("next_trial", [])}
         self.wait = {int(r): int(c) for r, c in state.get("wait", [])}
 
 
-def _per_wall(metrics: ClusterMetrics, r: int) -> str:
-    if not _known(metrics.cpu_per_wall):
-        return ""
-    return f" ({share_of_others(metrics.cpu_per_wall, r):.2f} of their CPU per wall second)"
+def _who(ranks, one: str = "sits", many: str = "sit") -> tuple[str, str]:
+    """``("rank 3 sits", "it")`` or ``("ranks 4, 5 and 6 sit", "them")``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} {one}", "it"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]} {many}", "them"
 
 
-def _measured(r: int, without: Measured, with_: Measured, what: str) -> str:
+def _measured(ranks, without: Measured, with_: Measured, again: bool = False) -> str:
+    who, it = _who(ranks)
     return (
-        f"rank {r} {what}: measured {1e3 * without.seconds:.0f} ms per update without it, "
-        f"{1e3 * with_.seconds:.0f} ms with it"
+        f"{who} out{' again' * again}: measured {1e3 * without.seconds:.0f} ms per update without {it}, "
+        f"{1e3 * with_.seconds:.0f} ms with {it}"
     )

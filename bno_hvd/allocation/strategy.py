@@ -105,12 +105,12 @@ class Strategy:
 
 
 def valid_sizes(sizes, n_ranks: int, sit_out_ok: bool = False) -> bool:
-    """``n_ranks`` batch sizes of at least 1; with ``sit_out_ok`` ranks but 0 may have 0, one at a time
-    (a rank that sits out leaves the allreduce to the process set of every other rank)."""
+    """``n_ranks`` batch sizes of at least 1; with ``sit_out_ok`` any ranks but 0 may have 0 (ranks
+    that sit out leave the allreduce to the process set of the others)."""
     sizes = [int(b) for b in sizes]
     if len(sizes) != n_ranks or sizes[0] < 1 or any(b < 0 for b in sizes):
         return False
-    return sizes.count(0) <= (1 if sit_out_ok else 0)
+    return sit_out_ok or 0 not in sizes
 
 
 def check_sizes(n_ranks, base_batch_size, global_batch=None, seed=0) -> None:

@@ -53,7 +53,11 @@ DEFAULT_STRATEGIES = "equal,balanced,bno,lbbsp,proportional,paramhub,random"
     "REAL limits set by bno-hvd and outside it, a competing process, EMULATED levels; default flags of every "
     "strategy; --updates 100 --warmup 20 --rounds 4 unless given). Needs --out.",
 )
-@click.option("--profiles", default=None, help="--suite: only these profiles (comma-separated names).")
+@click.option(
+    "--profiles",
+    default=None,
+    help="--suite: only these profiles (comma-separated names; outside-8-four-tiny-50ms, 8 ranks, runs only so).",
+)
 def bench(strategies, warmup, rounds, out_dir, progress, suite, profiles, **kw):
     """Compare allocation strategies in one horovodrun job (rank 0 prints the table)."""
     if kw.get("dataset") == "text":  # strategy:unit entries, tokens/s and perplexity (bno_hvd/lab/textbench.py)

@@ -1,7 +1,8 @@
 """The profile suite: ``bno-hvd bench --suite real`` (REAL slowness nobody tuned for, and EMULATED).
 
-Every profile is one ``mpirun`` job of 4 ranks running ``bno-hvd bench --rounds R`` with the
-**default flags** of every strategy, so what it shows is what a user gets. Some profiles set the
+Every profile is one ``mpirun`` job of 4 ranks (those of :data:`MORE`, run by name only: 8)
+running ``bno-hvd bench --rounds R`` with the **default flags** of every strategy, so what it
+shows is what a user gets. Some profiles set the
 CPU limits with bno-hvd's own ``--cpu-quota``; most set them *outside* bno-hvd, as a container or
 a Slurm job does: the suite makes a cgroup per rank and starts each rank inside it
 (:mod:`bno_hvd.lab.confine`); one slows a rank with busy processes on its core, with no quota at
@@ -34,8 +35,7 @@ from bno_hvd.lab.pairing import comparison
 from bno_hvd.lab.suitetable import suite_markdown
 from bno_hvd.processes.mpienv import mpi_env
 
-RANKS = 4
-GLOBAL_BATCH = 128  # 4 x the default base batch of 32
+BASE_BATCH = 32  # bench's default base batch: the global batch is 32 x the ranks (128 for 4)
 SCHEDULE_BASE = (100, 20)  # the updates and warm-up a profile's schedule is written for (the suite's defaults)
 
 
@@ -55,6 +55,10 @@ class Profile:
 
     def label(self) -> str:
         return f"{self.kind}: {self.what}"
+
+    @property
+    def ranks(self) -> int:
+        return len(self.hand)
 
 
 PROFILES = (
@@ -141,11 +145,23 @@ PROFILES = (
         flags=("--emulate-speed", "1,0.75,0.5,0.25"),
     ),
 )
-BY_NAME = {p.name: p for p in PROFILES}
+# run by name only (``--profiles``), not by ``--suite real``: 8 ranks on the suite's machine
+MORE = (
+    Profile(
+        "outside-8-four-tiny-50ms",
+        "REAL",
+        "8 ranks: limits 0.2 x4 and 0.03 x4 set outside, period 50 ms (four ranks far below 0.1 of a core)",
+        (0.2,) * 4 + (0.03,) * 4,
+        outside=(0.2,) * 4 + (0.03,) * 4,
+        period_ms=50.0,  # (a quota is at least 1 ms: 0.03 of a core needs a period of 34 ms or more)
+    ),
+)
+BY_NAME = {p.name: p for p in PROFILES + MORE}
 
 
-def hand_split(profile: Profile, total: int = GLOBAL_BATCH) -> list[int]:
+def hand_split(profile: Profile, total: int | None = None) -> list[int]:
     """The split a user would write by hand: the global batch in proportion to ``profile.hand``."""
+    total = BASE_BATCH * profile.ranks if total is None else total
     return round_to_total([total * h / sum(profile.hand) for h in profile.hand], total, 1)
 
 
@@ -247,7 +263,11 @@ def run_profile(
     cmd += bench_args(profile, out, rounds, updates, warmup, strategies) + list(flags)
     with Confinement(profile) as extra, open(os.path.join(out, "bench.log"), "w") as log:
         proc = subprocess.run(
-            mpirun_command(RANKS, cmd), stdout=log, stderr=subprocess.STDOUT, env=mpi_env(extra=extra), timeout=timeout
+            mpirun_command(profile.ranks, cmd),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=mpi_env(extra=extra),
+            timeout=timeout,
         )
     if proc.returncode != 0:
         raise RuntimeError(f"profile {profile.name}: the job exited with {proc.returncode}; see {out}/bench.log")

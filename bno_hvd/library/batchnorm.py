@@ -166,13 +166,14 @@ class _GlobalNorm(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None
 
 
-def exact_batchnorm(model: nn.Module, balancer, *, process_sets: dict | None = None) -> nn.Module:
+def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Module:
     """Replace ``model``'s BatchNorm layers by :class:`GlobalBatchNorm` (see the module doc); returns ``model``.
 
     ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose batches the model trains on
-    (each update's split: who computes, this rank's rows). ``process_sets``: rank r -> Horovod's
-    process set (torch.distributed: group) of every rank but r, for a loop in which a rank with 0 samples sits out
-    (``World.sit_out_sets``); None: every rank always computes. Prints one ``bno-hvd: note:``
+    (each update's split: who computes, this rank's rows). ``process_sets``: the
+    :class:`~bno_hvd.processes.sitsets.SitOutSets` of a loop in which ranks with 0 samples sit out
+    (``World.sit_out_sets``; the loop asks it for each update's set first); None: every rank
+    always computes. Prints one ``bno-hvd: note:``
     (rank 0) naming the layers that use batch statistics and stay as they are. Collective in no way:
     call it on every rank alike, before the first training forward."""
     collectives = functools.cache(running_collectives)  # the job's, found at the first training forward
@@ -182,7 +183,7 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets: dict | None = N
         out = [r for r, b in enumerate(sizes) if b == 0]
         if out and process_sets is None:
             raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")
-        where = process_sets[out[0]] if out else hvd.global_process_set
+        where = process_sets.without(out) if out else hvd.global_process_set
         wait_handles(hvd, [handle := hvd.allreduce_async_(tensor, op=hvd.Sum, name=name, process_set=where)])
         hvd.synchronize(handle)
 

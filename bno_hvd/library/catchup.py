@@ -3,15 +3,16 @@ state before it computes again.
 
 ``balanced`` may give a rank 0 samples (:mod:`bno_hvd.allocation.balanced`, option ``sit_out``)
 when its part of the allreduce costs the cluster more than the samples it computes are worth:
-a rank at a few percent of a core holds every update back by its own slow sync. For such an
-update every other rank reduces its gradients over Horovod's process set of "every rank but r"
-(made at ``hvd.init``: :func:`bno_hvd.processes.world.sit_out_sets`), so the update is the
-sample-weighted mean over the samples that were computed, as always; the rank that sits out
-computes nothing, takes no optimizer step, and waits only at the next rebalance.
+a rank at a few percent of a core holds every update back by its own slow sync. Several ranks
+may sit out at once. For such an update the other ranks reduce their gradients over Horovod's
+process set of the ranks that compute (made at the first update that needs it:
+:class:`bno_hvd.processes.sitsets.SitOutSets`), so the update is the sample-weighted mean over
+the samples that were computed, as always; a rank that sits out computes nothing, takes no
+optimizer step, and waits only at the next rebalance.
 
-Its model and optimizer state are then behind. Before it computes again, and before anything
+Their model and optimizer state are then behind. Before it computes again, and before anything
 that uses every rank's model (an evaluation, the final score), rank 0 (which never sits out)
-sends it its own: parameters, buffers (BatchNorm's running statistics), optimizer state and the
+sends each its own: parameters, buffers (BatchNorm's running statistics), optimizer state and the
 GradScaler's state (its loss scale and growth tracker: a rank unscaling by another scale would
 take another step), copied exactly, so the run stays
 the one a single process would take on the same global batches (``tests/library/test_sit_out.py``).
@@ -34,9 +35,11 @@ class CatchUp:
         that compute again, and point the optimizer at the ranks that compute. True when this
         rank sent or received a state."""
         moved = self.catch_up([r for r in self.behind if sizes[r] > 0])
-        out = [r for r, b in enumerate(sizes) if b == 0]  # at most one, never rank 0 (valid_sizes)
+        out = [r for r, b in enumerate(sizes) if b == 0]  # never rank 0 (valid_sizes)
         self.behind.update(out)
-        self.optimizer.process_set = self.world.sit_out_sets[out[0]] if out else self.world.hvd.global_process_set
+        # every rank, every update: the first update of a new set of ranks out makes its process set
+        sets = self.world.sit_out_sets
+        self.optimizer.process_set = sets.without(out) if sets is not None else self.world.hvd.global_process_set
         return moved
 
     @property

@@ -16,7 +16,7 @@ from bno_hvd.library.dropout import exact_dropout
 __all__ = ["exact", "exact_for_run"]
 
 
-def exact(model, balancer, *, process_sets: dict | None = None):
+def exact(model, balancer, *, process_sets=None):
     """:func:`~bno_hvd.library.batchnorm.exact_batchnorm` and
     :func:`~bno_hvd.library.dropout.exact_dropout` on ``model``; returns ``model``.
     ``process_sets``: as ``exact_batchnorm`` takes them (a loop in which a rank may sit out)."""
@@ -24,7 +24,7 @@ def exact(model, balancer, *, process_sets: dict | None = None):
     return exact_dropout(model, balancer)
 
 
-def exact_for_run(model, balancer, *, enabled: bool, capped: bool, process_sets: dict | None) -> str | None:
+def exact_for_run(model, balancer, *, enabled: bool, capped: bool, process_sets=None) -> str | None:
     """The training command's conversion: a model with BatchNorm gets the global batch's statistics
     (``enabled``: ``--exact-batchnorm``, the default). Returns a note for the user when BatchNorm
     stays per rank although batches are uneven (``capped``: a memory cap splits batches into

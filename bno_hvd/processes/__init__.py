@@ -2,6 +2,7 @@
 Horovod (or torch.distributed), their settings, memory and waiting. May import :mod:`bno_hvd.common` only.
 
 - :mod:`.world` - MPI, then Horovod, in every rank; leaving together; one error line per job
+- :mod:`.sitsets` - the process sets of the ranks that compute, made when a set of ranks first sits out
 - :mod:`.gloo` - Horovod over Gloo inside an MPI job (its rendezvous)
 - :mod:`.torchworld` - the torch engine's job: torch.distributed, the loop's collectives over it
 - :mod:`.torchenv` - torch.distributed under torchrun or from the MPI world; the control plane's communicator

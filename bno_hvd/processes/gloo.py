@@ -12,7 +12,9 @@ with ``HOROVOD_CONTROLLER=gloo`` and ``HOROVOD_CPU_OPERATIONS=gloo`` beside mpi4
 
 The store speaks HTTP without authentication, so it listens only on the address of the interface
 below (127.0.0.1 on one host) and only until every rank has joined (:func:`close_rendezvous`,
-right after ``hvd.init()``); Horovod's own server would listen on 0.0.0.0 for the whole job.
+right after ``hvd.init()``); Horovod's own server would listen on 0.0.0.0 for the whole job. When
+Horovod starts again with a new process set (ranks that sit out: :mod:`bno_hvd.processes.sitsets`)
+its ranks meet there too: a new store is open meanwhile (:func:`rendezvous_open`).
 
 The network interface Gloo binds to: ``BNO_GLOO_IFACE`` if set; ``lo`` when every rank is on one
 host; otherwise the interface holding this host's address in the subnet Open MPI was told to use
@@ -25,6 +27,7 @@ import ipaddress
 import os
 import socket
 import threading
+from contextlib import contextmanager
 
 from bno_hvd.common.errors import UsageError
 
@@ -120,6 +123,7 @@ def init_gloo_env(comm, required: bool = True) -> dict | None:
     )
     os.environ.update(env)
     init_gloo_env.server = server  # rank 0: closed by close_rendezvous once every rank has joined
+    init_gloo_env.where = (address, placement(hosts))  # where rendezvous_open opens it again
     return env
 
 
@@ -156,3 +160,18 @@ def close_rendezvous(comm) -> None:
     if server is not None:
         server.close()
         init_gloo_env.server = None
+
+
+@contextmanager
+def rendezvous_open(comm):
+    """Collective over ``comm`` (the MPI world): a new store open (rank 0), and every rank told its
+    port, while Horovod starts again (``hvd.init`` with a new process set, which returns once every
+    rank's Gloo contexts are built); closed after."""
+    server = RendezvousStore(*init_gloo_env.where) if comm.Get_rank() == 0 else None
+    os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(comm.bcast(server and server.port, root=0))
+    try:
+        yield
+    finally:
+        comm.Barrier()
+        if server is not None:
+            server.close()

@@ -70,15 +70,6 @@ class TorchCollectives:
         self._work[handle] = (self._dist.all_reduce(tensor, group=process_set, async_op=True), tensor)
         return handle
 
-    def sit_out_groups(self, most: int) -> dict | None:
-        """Collective: rank r -> the group of every rank but r, for r >= 1 (what Horovod's process
-        sets are to :func:`bno_hvd.processes.world.sit_out_sets`); None for one rank or more than
-        ``most``."""
-        size = self.size()
-        if not 2 <= size <= most:
-            return None
-        return {r: self._dist.new_group([i for i in range(size) if i != r]) for r in range(1, size)}
-
     def poll(self, handle: int) -> bool:
         return self._work[handle][0].is_completed()
 

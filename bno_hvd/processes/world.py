@@ -25,6 +25,7 @@ from bno_hvd.processes.cpulimit import cpu_limit
 from bno_hvd.processes.gloo import close_rendezvous, init_gloo_env
 from bno_hvd.processes.heap import keep_freed_memory
 from bno_hvd.processes.mpienv import arrange_for_shared_cores, env_count, usable_cores
+from bno_hvd.processes.sitsets import SitOutSets
 
 COLLECTIVES = ("auto", "mpi", "gloo")
 
@@ -86,9 +87,9 @@ class World:
     monitor_comm: object  # mpi4py communicator of the latency monitor
     notes: list[str]  # what start-up arranged, for run.json
     collectives: str = "mpi"  # what Horovod's allreduce runs on: mpi or gloo (auto resolved)
-    # rank r -> the process set (Horovod) or group (torch) of every rank but r, for a rank that sits
-    # out (None: not made)
-    sit_out_sets: dict | None = None
+    # the process sets (Horovod) or groups (torch) of the ranks that compute, by the ranks that sit
+    # out (None: one rank, none can)
+    sit_out_sets: SitOutSets | None = None
     engine: str = "horovod"  # or torch: hvd is then bno_hvd.processes.torchworld.TorchCollectives
 
     @property
@@ -123,7 +124,7 @@ def init_world(
 
         hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device)
         world = World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
-        world.sit_out_sets = hvd.sit_out_groups(MAX_SIT_OUT_RANKS)
+        world.sit_out_sets = SitOutSets.torch(size) if size > 1 else None
         return world
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
@@ -147,8 +148,12 @@ def init_world(
                 f"{os.environ['HOROVOD_GLOO_IFACE']}, rendezvous on {where} until every rank joined); "
                 "the control plane on MPI"
             )
-    sets = sit_out_sets(hvd, comm.Get_size())
-    hvd.init(process_sets=list(sets.values()) if sets else None)
+    # any ranks but 0 may sit an update out: the process sets of the others (sitsets.py)
+    gloo = comm.Dup() if collectives == "gloo" and comm.Get_size() > 1 else None  # (a new start's rendezvous)
+    sets = (
+        SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo)) if comm.Get_size() > 1 else None
+    )
+    hvd.init(process_sets=None if sets is None else sets.static())
     if collectives == "gloo":
         close_rendezvous(comm)  # the rendezvous store is needed only while the ranks join
     if comm.Get_size() != hvd.size():
@@ -162,6 +167,18 @@ def init_world(
     world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
     world.sit_out_sets = sets
     return world
+
+
+def _start_again(hvd, process_sets: list, gloo_comm) -> None:
+    """Horovod initialised again with these static process sets (after ``hvd.shutdown``; collective);
+    on Gloo its ranks meet at a rendezvous store open meanwhile."""
+    if gloo_comm is None:
+        hvd.init(process_sets=process_sets)
+        return
+    from bno_hvd.processes.gloo import rendezvous_open
+
+    with rendezvous_open(gloo_comm):
+        hvd.init(process_sets=process_sets)
 
 
 EXIT_WAIT_SECONDS = 60.0  # how long a rank at its exit waits for the others (leave_together)
@@ -204,19 +221,6 @@ def _wait_for_the_others(seconds: float) -> None:
         hvd.synchronize(handle)
     except Exception:  # noqa: BLE001 - another rank's Horovod shut down first: nothing to wait for
         return
-
-
-MAX_SIT_OUT_RANKS = 64  # one Horovod process set (a communicator) per rank that may sit out
-
-
-def sit_out_sets(hvd, size: int) -> dict | None:
-    """Rank r -> the process set of every rank but r, for r >= 1 (rank 0 writes the logs and the
-    checkpoints and never sits out): a rank that costs the cluster more than it adds leaves the
-    gradient allreduce (:mod:`bno_hvd.library.catchup`). Horovod's static process sets must be
-    made at ``hvd.init``; None for one rank or more than :data:`MAX_SIT_OUT_RANKS`."""
-    if not 2 <= size <= MAX_SIT_OUT_RANKS:
-        return None
-    return {r: hvd.ProcessSet([i for i in range(size) if i != r]) for r in range(1, size)}
 
 
 def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | None:

@@ -169,5 +169,6 @@ def test_only_a_rank_but_0_may_have_no_samples_and_only_where_the_runtime_lets_i
     assert valid_sizes([40, 44, 44, 0], 4, sit_out_ok=True)
     assert not valid_sizes([40, 44, 44, 0], 4)  # a user's loop: every rank computes
     assert not valid_sizes([0, 44, 44, 40], 4, sit_out_ok=True)  # rank 0 writes logs and checkpoints
-    assert not valid_sizes([64, 64, 0, 0], 4, sit_out_ok=True)  # one at a time (one process set each)
+    assert valid_sizes([128, 0, 0, 0], 4, sit_out_ok=True)  # several at once: rank 0 computes
+    assert not valid_sizes([64, 64, 0, 0], 4)
     assert not valid_sizes([64, 64, -1, 1], 4, sit_out_ok=True) and not valid_sizes([64, 64], 4)

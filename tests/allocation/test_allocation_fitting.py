@@ -59,6 +59,18 @@ def test_ranks_known_to_run_at_one_speed_share_one_fit():
     assert together.tolist() == [together[0]] * 3
 
 
+def test_ranks_at_one_speed_under_different_caps_price_a_pass_at_one_size():
+    # two ranks under one limit, both held at 32 samples, one under a memory cap of 8 (4 passes):
+    # no size varies, yet the group's steps tell the fixed cost of a pass (the random 423rd
+    # simulated profile of seed 40 left it at 0, so ranks with a cap of 4 were given as many
+    # samples as their uncapped peers and set the update at 2.7x their time)
+    windows = [steps(0.01, 5.0, [32] * 8), steps(0.01, 5.0, [32] * 8, cap=8)]
+    k, c = fit_shape(windows, [None, 8], 16, 32, groups=[[0, 1]])
+    assert k == pytest.approx(5.0, rel=0.01) and c.tolist() == pytest.approx([0.01, 0.01], rel=0.01)
+    k, _ = fit_shape(windows, [None, 8], 16, 32)  # fitted apart: one size each tells nothing
+    assert k == 0.0
+
+
 # -- solve_equal_finish ----------------------------------------------------------------------
 
 A = [0.1, 0.2, 0.0, 0.05]

@@ -166,13 +166,17 @@ def test_a_rank_whose_limit_rose_gets_a_typical_share_at_once():
 def test_its_state_survives_a_checkpoint():
     strategy = make_strategy("balanced", 4, 32)
     run(strategy, [41, 40, 41, 6], 4, **LEFT)
-    strategy.sitouts.out_for, strategy.sitouts.period = 2, 8
+    strategy.sitouts.out = {3: [2, 8, True], 2: [0, 4, False]}  # several ranks out at once
     strategy.sitouts.trial = {"rank": 3, "with": [0.05, 0.01, 9]}
     strategy.sitouts.next_trial, strategy.sitouts.wait = {2: 7}, {2: 8}
     again = make_strategy("balanced", 4, 32)
     again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
     assert again.limits.tolist() == [0.5] * 4 and again.sitouts.state_dict() == strategy.sitouts.state_dict()
-    assert again.sitouts.out_for == 2 and again.sitouts.trial["rank"] == 3 and again.sitouts.wait == {2: 8}
+    assert (
+        again.sitouts.out == {2: [0, 4, False], 3: [2, 8, True]}
+        and again.sitouts.trial["rank"] == 3
+        and again.sitouts.wait == {2: 8}
+    )
     assert again.shape == strategy.shape > 0
     strategy.limits[2] = np.inf
     again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))

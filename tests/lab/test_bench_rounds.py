@@ -8,7 +8,7 @@ from support.jobs import assert_ok, bno_cmd, horovodrun, run_cli
 
 from bno_hvd.lab.confine import entry_for
 from bno_hvd.lab.pairing import round_orders
-from bno_hvd.lab.profiles import BY_NAME, bench_args, hand_split, scaled_schedule
+from bno_hvd.lab.profiles import BY_NAME, PROFILES, bench_args, hand_split, scaled_schedule
 from bno_hvd.training.results import steps_from_json
 
 NAMES = ["equal", "balanced", "balanced:sit_out=0", "fixed"]  # with an ablation
@@ -83,6 +83,8 @@ def test_hand_splits_follow_what_a_user_knows_of_the_ranks():
     assert hand_split(BY_NAME["outside-100ms"]) == [39, 38, 38, 13]  # 128 x quota / sum: 38.4 x3, 12.8
     assert hand_split(BY_NAME["outside-equal-10ms"]) == [32, 32, 32, 32]
     assert sum(hand_split(BY_NAME["emulated-4-levels"])) == 128
+    eight = BY_NAME["outside-8-four-tiny-50ms"]  # 8 ranks: 8 x bench's base batch of 32
+    assert eight.ranks == 8 and hand_split(eight) == [56] * 4 + [8] * 4 and eight not in PROFILES
     assert entry_for("a,-,c", 1) is None and entry_for("a,-,c", 2) == "c" and entry_for("", 0) is None
 
 

@@ -77,6 +77,20 @@ def test_a_rank_whose_limit_rises_from_006_to_045_gets_its_share_back_within_2_i
     assert min(share[8:]) > 0.75, share  # after the rebalances at 70 and 80: its share
 
 
+def test_four_ranks_at_a_tiny_limit_sit_out_together_and_that_beats_one_at_a_time():
+    # 8 ranks, four at 0.03 of a core: none of the four alone is worth removing (the other three
+    # hold the update as long), so one at a time held them at 1 sample each
+    profile = SimProfile("8-ranks-4-tiny", [0.2] * 4 + [0.03] * 4, 20.0)
+    one = build_strategy("balanced", profile, seed=3)
+    one.sitouts.most = 1  # the ablation's one-at-a-time
+    several, single = (simulate(profile, MACHINE, spec, 150, seed=3) for spec in ("balanced", one))
+    out = [tuple(i for i, b in enumerate(s) if b == 0) for s in several.splits]
+    assert out[1] == (4, 5, 6, 7) and out[-1] == (4, 5, 6, 7), several.splits  # at the first rebalance, and at the end
+    assert max(len(o) for o in [tuple(i for i, b in enumerate(s) if b == 0) for s in single.splits]) <= 1
+    gain = several.rates(20, 1)[0] / single.rates(20, 1)[0]
+    assert gain > 1.5, gain  # measured 2.4 (the four back to be measured every 4, then 8 rebalances)
+
+
 @pytest.mark.parametrize("profile", rng_profiles(12, 7, most=16, schedules=True), ids=lambda p: p.name)
 def test_the_global_batch_is_always_kept(profile):
     for spec in DEFAULT_STRATEGIES:

@@ -11,6 +11,9 @@ job's last case, the MLP's drop-in without ``bno.exact``, must end it in torch's
 - a rank that sits out (0 samples, so it runs no forward: the BatchNorm allreduces run over the
   others' process set) and comes back: equal one process, every computing rank's state equal at
   every update;
+- several ranks that sit out at once (up to 3 of 4, five sets of ranks in turn), on
+  Horovod's dynamic process sets (over MPI and over Gloo) and on torch.distributed's groups:
+  equal one process;
 - float16 and bfloat16 autocast with ``torch.amp.GradScaler("cpu")`` and a sit-out: every rank's
   scale and state equal at every update at which it computes (the scale moves while rank 3 is out).
 """
@@ -24,6 +27,8 @@ from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, assert_ok, mpirun, python_cmd
 from support.run_port import write_fashion_subset
 
+from bno_hvd.processes.sitsets import LIVE
+
 pytestmark = pytest.mark.mpi
 
 SCRIPT = "tests/support/mpi_scripts/exact_cases.py"
@@ -34,7 +39,7 @@ def data(tmp_path_factory, fashion_available):
     return write_fashion_subset(tmp_path_factory.mktemp("fashion"), FASHION_DIR, train=1000, test=10)
 
 
-FOUR = ["dropin:resnet18", "dropin:mlp", "sitout:mlp", "float16:mlp", "bfloat16:mlp"]
+FOUR = ["dropin:resnet18", "dropin:mlp", "sitout:mlp", "multisit:mlp", "float16:mlp", "bfloat16:mlp"]
 ONE = ["dropin:resnet18:plain", "dropin:mlp:plain", "sitout:mlp"]  # the references: torch's own BatchNorm
 REFUSED = "Expected more than 1 value per channel when training"  # torch's BatchNorm1d, a rank at 1 sample
 
@@ -42,6 +47,7 @@ REFUSED = "Expected more than 1 value per channel when training"  # torch's Batc
 def run_job(np_, out, data, cases):
     out.mkdir()
     proc = mpirun(np_, python_cmd(SCRIPT, data, str(out), *cases), timeout=600)
+    cases = [c for c in cases if not c.startswith("--")]  # (--engine=torch: the job's engine)
     done = [c for c in cases if (out / c.replace(":", "-") / "updates.json").exists()]
     assert done == [c for c in cases if not c.endswith(":plain") or np_ == 1], proc.stderr[-4000:]
     return out, proc
@@ -50,6 +56,20 @@ def run_job(np_, out, data, cases):
 @pytest.fixture(scope="module")
 def four(data, tmp_path_factory):
     return run_job(4, tmp_path_factory.mktemp("exact") / "four", data, [*FOUR, "dropin:mlp:plain"])
+
+
+@pytest.fixture(scope="module")
+def four_torch(data, tmp_path_factory):
+    out, proc = run_job(4, tmp_path_factory.mktemp("exact") / "torch", data, ["--engine=torch", "multisit:mlp"])
+    assert_ok(proc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_gloo(data, tmp_path_factory):
+    out, proc = run_job(4, tmp_path_factory.mktemp("exact") / "gloo", data, ["--collectives=gloo", "multisit:mlp"])
+    assert_ok(proc)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +118,24 @@ def test_a_rank_sits_out_with_exact_batchnorm_and_training_stays_exact(four, one
     assert any(r["diff"][3] > 0 for r in rows if not r["computed"][3])  # behind while out (the check can fail)
     diff = max_relative_difference(four, one)
     print(f"sit-out with exact BatchNorm: 4 ranks vs 1 process {diff:.2e}")
+    assert diff <= 1e-10
+
+
+@pytest.mark.parametrize("engine", ["horovod", "horovod-gloo", "torch"])
+def test_several_ranks_sit_out_at_once_and_training_stays_exact(engine, request, one):
+    job = {"horovod": "four", "horovod-gloo": "four_gloo", "torch": "four_torch"}[engine]
+    four, rows = result(request.getfixturevalue(job), "multisit:mlp")
+    one, _ = result(one, "sitout:mlp")  # (one process: the same 16-sample global batches)
+    out = [tuple(i for i, b in enumerate(r["sizes"]) if b == 0) for r in rows[:-1]]
+    assert {(1, 3), (2,), (1, 2, 3), (1, 2), (3,)} <= set(out), out  # up to three of four ranks at once
+    for r in rows:  # the ranks that computed hold rank 0's state, bit for bit; those out did not compute
+        assert all(d == 0 for d, c in zip(r["diff"], r["computed"]) if c) and r["computed"][0], r
+        assert all(not c for b, c in zip(r["sizes"], r["computed"]) if b == 0), r
+    assert any(r["diff"][i] > 0 for r in rows for i in (1, 2, 3) if not r["computed"][i])  # behind while out
+    # the third set of several ranks out (Horovod: of any, torch) removed the least recently used of LIVE
+    assert max(r["sets"] for r in rows) == LIVE and all(r["sets"] <= LIVE for r in rows), [r["sets"] for r in rows]
+    diff = max_relative_difference(four, one)
+    print(f"{engine}: several ranks out at once with exact BatchNorm, 4 ranks vs 1 process {diff:.2e}")
     assert diff <= 1e-10
 
 

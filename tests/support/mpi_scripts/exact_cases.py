@@ -13,6 +13,10 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
   batch). Rank 0 saves the model (``model.pt``).
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
+- ``MODE multisit``: as ``sitout``, with several ranks out at once (up to 3 of 4), five sets of
+  ranks out in turn (a later set replaces the least recently used: at most ``LIVE`` are kept);
+  ``--engine=torch`` among the cases runs the job on torch.distributed instead of Horovod,
+  ``--collectives=gloo`` Horovod's collectives on Gloo (its process sets meet at a rendezvous).
 - ``MODE float16`` / ``bfloat16``: as ``sitout``, under CPU autocast of that type with
   ``torch.amp.GradScaler("cpu")`` whose scale doubles every 2 steps (so it moves while rank 3 is
   out).
@@ -43,13 +47,14 @@ from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.data.models import InputAdapter
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.catchup import CatchUp
-from bno_hvd.processes.collectives import optimizer_step
+from bno_hvd.processes.collectives import optimizer_step, submit_gradients
 from bno_hvd.processes.world import init_world
 
 UPDATES, GLOBAL, SEED = 12, 16, 5
 SPLITS = {  # every 2 updates; a rank at 1 in each; rank 3 sits out (0) in the second and third
     "dropin": [[1, 7, 3, 5], [6, 1, 4, 5], [9, 2, 4, 1], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
     "sitout": [[1, 7, 3, 5], [6, 1, 9, 0], [8, 4, 4, 0], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]],
+    "multisit": [[3, 5, 2, 6], [5, 0, 11, 0], [6, 3, 0, 7], [16, 0, 0, 0], [4, 0, 0, 12], [2, 5, 9, 0]],
 }
 
 
@@ -79,7 +84,7 @@ def model_named(name):
 def strategy_for(mode, size):
     if size == 1:
         return make_strategy("fixed", 1, GLOBAL, batch_sizes=[GLOBAL])
-    return Splits(SPLITS["dropin" if mode == "dropin" else "sitout"])
+    return Splits(SPLITS[mode if mode in SPLITS else "sitout"])
 
 
 class Reports:
@@ -90,7 +95,7 @@ class Reports:
     def __init__(self, comm):
         self.comm, self.rows = comm, []
 
-    def add(self, sizes, computed, model, scaler):
+    def add(self, sizes, computed, model, scaler, sets=0):
         state = torch.cat([t.detach().double().flatten() for t in model.state_dict().values()])
         ref = state.clone()
         self.comm.Bcast(ref.numpy(), root=0)
@@ -103,6 +108,7 @@ class Reports:
                     "computed": [c for c, _, _ in everyone],
                     "scales": [s for _, s, _ in everyone],
                     "diff": [d for _, _, d in everyone],
+                    "sets": sets,  # process sets of ranks that compute, made and kept
                 }
             )
 
@@ -138,9 +144,11 @@ def run_sitout(world, mode, model_name, data):
     loader = bal.loader(data)
     model = bno.exact(model_named(model_name), bal, process_sets=world.sit_out_sets)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Sum)
-    scaler = None if mode == "sitout" else torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    engine = world.hvd  # horovod.torch, or the torch engine's collectives
+    engine.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = engine.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=engine.Sum)
+    amp = mode in ("float16", "bfloat16")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2) if amp else None
     sit_out = CatchUp(world, model, optimizer, scaler)
     reports = Reports(world.control_comm.Dup())
     for batch in bal.batches(loader, UPDATES):
@@ -155,10 +163,11 @@ def run_sitout(world, mode, model_name, data):
                 with torch.autocast("cpu", dtype=getattr(torch, mode)):
                     loss = F.cross_entropy(model(images), labels) * step.weight
                 scaler.scale(loss).backward()
+            submit_gradients(optimizer)
             optimizer_step(optimizer, scaler)
         bal.end_compute()
         bal.end_step()
-        reports.add(step.batch_sizes, step.size > 0, model, scaler)
+        reports.add(step.batch_sizes, step.size > 0, model, scaler, len(world.sit_out_sets or ()))
     sit_out.catch_up()
     reports.add([1] * world.size, True, model, scaler)  # after the last catch-up: every rank alike
     return model, reports
@@ -166,14 +175,17 @@ def run_sitout(world, mode, model_name, data):
 
 def main():
     root, out, *cases = sys.argv[1:]
+    engine = "torch" if "--engine=torch" in cases else "horovod"
+    collectives = "gloo" if "--collectives=gloo" in cases else "mpi"
+    cases = [c for c in cases if not c.startswith("--")]
     torch.set_num_threads(1)
     data = datasets.FashionMNIST(root, train=True, transform=transforms.ToTensor(), download=False)
     # the sit-out modes need bno-hvd's world (Horovod's process sets); the drop-in's hvd.init() is
     # then a script's call on a started Horovod
-    world = None if all(c.startswith("dropin:") for c in cases) else init_world("mpi", "cpu")
+    world = None if all(c.startswith("dropin:") for c in cases) else init_world(collectives, "cpu", engine=engine)
     for case in cases:
         mode, model_name, *plain = case.split(":")
-        torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout") else torch.float32)
+        torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout", "multisit") else torch.float32)
         torch.manual_seed(SEED)
         if mode == "dropin":
             if not hvd.is_initialized():
@@ -181,7 +193,7 @@ def main():
             model, reports = run_dropin(mode, model_name, data, plain == ["plain"])
         else:
             model, reports = run_sitout(world, mode, model_name, data)
-        if hvd.rank() == 0:
+        if (world.rank if world else hvd.rank()) == 0:
             where = os.path.join(out, case.replace(":", "-"))
             os.makedirs(where)
             torch.save(model.state_dict(), os.path.join(where, "model.pt"))

@@ -2,8 +2,8 @@
 looked up by the ranks that sit it out (0 samples: :mod:`bno_hvd.library.catchup`).
 
 Any ranks but 0 may sit out at once, so the sets cannot all be made at start (there are
-``2**(N-1) - 1``): the sets of one rank out are made at start, any other at the first update that
-needs it, collectively. Every rank knows every update's split and asks for its set at the start of
+``2**(N-1) - 1``): each is made at the first update that needs it, collectively (Horovod's sets
+of one rank out at start). Every rank knows every update's split and asks for its set at the start of
 every update, so every rank makes the same sets in the same order. torch.distributed makes them as
 groups (``new_group``, called by every rank). Horovod's sets are static: given to ``hvd.init``, so
 a new one means initialising Horovod again with it (``hvd.shutdown``, ``hvd.init``: 0.1-1 s, once

@@ -189,7 +189,10 @@ class SitOuts:
         rest = sorted((i for i in range(1, len(one)) if i not in out), key=lambda i: (-one[i], -i))
         room = len(rest) if self.most is None else min(max(self.most - len(out), 0), len(rest))
         now = split_without(model, out, global_batch)
-        times = [predicted_step(model, split_without(model, out | {*rest[:k]}, global_batch)) for k in range(room + 1)]
+        times = [predicted_step(model, now)]  # (k = 0: the split with every rank not out already)
+        times += [
+            predicted_step(model, split_without(model, out | {*rest[:k]}, global_batch)) for k in range(1, room + 1)
+        ]
         k = int(np.argmin(times))
         if times[k] >= (1 - threshold) * times[0]:
             return None

@@ -78,6 +78,8 @@ def test_the_emulated_wait_is_the_devices_time_not_cpu_starvation():
     # whole wall time stays in cpu_use (a device wait does not run into a CPU limit)
     assert wall == pytest.approx(stats.compute_seconds + stats.sync_seconds) and timer.idles[-1] >= 0.17
     assert timer.cpu_share() == pytest.approx(cpu / (wall - timer.idles[-1]))
-    assert timer.cpu_share() > 2 * cpu / wall  # what it was before: the sleep counted as wall time
+    # what it was before (the sleep counted as wall time) is less by the sleep's part of the wall time,
+    # whatever else the update waited for (on a busy machine the 0.02 s of CPU can take a second)
+    assert timer.cpu_share() > cpu / wall * (1 + 0.5 * timer.idles[-1] / wall)
     # without the hook's start (no run: a unit of the lab alone) nothing is told, nothing fails
     EmulationHook(DeviceEmulator(rank=0, rate=1000.0, schedule=RankSchedule.constant([1]))).before_compute(step)

@@ -137,8 +137,10 @@ class EqualFinishStrategy(Strategy):
     def _offsets(self, metrics: ClusterMetrics, rose=()) -> np.ndarray:
         """Seconds each rank adds to the update besides its compute: its sync at its CPU limit, or
         at its CPU share where no limit binds and it is starved (:func:`.sitting.starving`; not a
-        rank in ``rose``: its share is from before)."""
-        low = starving(metrics, self.options["starved_share"]) - set(rose)
+        rank in ``rose``, whose share is from before, nor one out or back to be measured, whose
+        share is of the update it received the state in)."""
+        back = (self.sitouts.back or {}).get("ranks", [])
+        low = starving(metrics, self.options["starved_share"]) - set(rose) - set(self.sitouts.out) - set(back)
         shares = [s if i in low else None for i, s in enumerate(metrics.cpu_share)]
         return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit, shares)
 

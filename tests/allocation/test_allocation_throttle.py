@@ -255,3 +255,22 @@ def test_a_rank_that_sits_out_is_back_at_once_when_its_limit_rises():
     assert held[3] == 0
     history, notes = run(strategy, held, 3, **dict(TINY, limits=[0.45] * 4))
     assert history[1][3] >= 16 and notes[0].startswith("rank 3 is back: its CPU limit rose"), (history, notes)
+
+
+def test_a_rank_out_or_back_to_be_measured_is_not_charged_at_its_share():
+    # a rank back from sitting out reports the share of the update it received the state in
+    # (0.12 against 0.25 in a REAL-process test under load): it is measured, not charged
+    strategy = make_strategy("balanced", 4, 32)
+    metrics = ClusterMetrics(
+        ops=[1.0] * 4,
+        memory_used=[1e9] * 4,
+        latency=ZERO_LAT,
+        sync_cpu=[4 * MS] * 4,
+        cpu_limit=[None] * 4,
+        cpu_share=[0.25, 0.25, 0.25, 0.12],
+    )
+    assert strategy._offsets(metrics)[3] > 0  # starved, no limit: charged at its share
+    strategy.sitouts.back = {"ranks": [3], "without": [0.05, 0.01, 3], "period": 1}
+    assert strategy._offsets(metrics)[3] == 0.0
+    strategy.sitouts.back, strategy.sitouts.out = None, {3: [1, 1, False]}
+    assert strategy._offsets(metrics)[3] == 0.0

@@ -4,10 +4,9 @@
 rank does the same work, a fixed cost worth ``k`` samples per pass (``passes``: micro-batches under
 a memory cap) and ``b`` samples, at its own speed ``1 / c_i``; ``k`` and ``c_i`` are fitted to the
 ranks' last ``window`` steps (:func:`fit_shape`; ranks that report one CPU limit share one ``c``).
-``s_i`` is its part of the allreduce paid at its CPU limit ``L_i`` (with none that binds, a rank starved
-of CPU pays at its CPU share), ``w * (1 / L_i - 1)`` beyond the least of them (:func:`throttle_offsets`).
-A rank without measurements, or whose limit rose (its steps are from before), counts as a typical
-rank (the median fit, no share charge) until it is measured again.
+``s_i`` is its part of the allreduce paid at its CPU limit ``L_i``, ``w * (1 / L_i - 1)`` beyond the
+least of them (:func:`throttle_offsets`). A rank without measurements, or whose limit rose (its
+steps are from before), counts as a typical rank (the median fit) until it is measured again.
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
 (:func:`solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
@@ -33,7 +32,7 @@ from bno_hvd.allocation.fitting import (
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import fmt_limit, in_ms, throttle_offsets
 from bno_hvd.allocation.rounding import round_to_total
-from bno_hvd.allocation.sitting import SitOuts, starving
+from bno_hvd.allocation.sitting import SitOuts
 from bno_hvd.allocation.strategy import Strategy
 from bno_hvd.common.errors import UsageError
 
@@ -57,7 +56,7 @@ class EqualFinishStrategy(Strategy):
         "window": 16,  # recent steps per rank in each fit
         "deadband": 0.05,  # the least predicted gain (a fraction of the update) worth a move
         "sit_out": 4,  # rebalances a rank out stays out before it is measured again; 0: never sits out
-        "starved_share": 0.5,  # below this of the others' CPU share: its sync at its share, tried out; 0: neither
+        "starved_share": 0.5,  # a rank below this of the others' CPU share is tried out; 0: no trials
     }
 
     def __init__(self, *args, **kwargs):
@@ -70,7 +69,7 @@ class EqualFinishStrategy(Strategy):
         super().__init__(*args, **kwargs)
         o = self.options
         _check_number("deadband", o["deadband"], 0.0, 1.0, "a fraction of the update")
-        _check_number("starved_share", o["starved_share"], 0.0, 1.0, "of the others' CPU share; 0: no charge or trials")
+        _check_number("starved_share", o["starved_share"], 0.0, 1.0, "of the others' CPU share; 0: no trials")
         for key, low in (("window", 1), ("sit_out", 0)):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or not low <= o[key] <= 10**6:
                 raise UsageError(f"balanced {key} must be an integer in [{low}, 1000000], got {o[key]!r}")
@@ -95,7 +94,7 @@ class EqualFinishStrategy(Strategy):
             self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
             return list(current)
         a, c = np.where(known, a, np.median(a[known])), np.where(known, c, np.median(c[known]))
-        offsets = self._offsets(metrics, rose)
+        offsets = self._offsets(metrics)
         model = (a, c, metrics.max_batch, offsets)
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, "throttle_ms": offsets})
         for key in ("cpu_share", "cpu_per_wall"):
@@ -134,15 +133,9 @@ class EqualFinishStrategy(Strategy):
         c[use_ops] = 1.0 / ops[use_ops]
         return np.where(use_ops, 0.0, self.shape * c), c
 
-    def _offsets(self, metrics: ClusterMetrics, rose=()) -> np.ndarray:
-        """Seconds each rank adds to the update besides its compute: its sync at its CPU limit, or
-        at its CPU share where no limit binds and it is starved (:func:`.sitting.starving`; not a
-        rank in ``rose``, whose share is from before, nor one out or back to be measured, whose
-        share is of the update it received the state in)."""
-        back = (self.sitouts.back or {}).get("ranks", [])
-        low = starving(metrics, self.options["starved_share"]) - set(rose) - set(self.sitouts.out) - set(back)
-        shares = [s if i in low else None for i, s in enumerate(metrics.cpu_share)]
-        return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit, shares)
+    def _offsets(self, metrics: ClusterMetrics) -> np.ndarray:
+        """Seconds each rank adds to the update besides its compute: its sync at its CPU limit."""
+        return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit)
 
     def state_dict(self) -> dict:
         limits = [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits]

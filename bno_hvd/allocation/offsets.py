@@ -1,7 +1,7 @@
 """What ``balanced`` adds to each rank's time besides its compute: its sync phase paid at its CPU
-limit's rate, or its CPU share's where no limit binds (:func:`throttle_offsets`), in seconds beyond
-the rank that pays least, so a uniform cluster gets nothing; and the helpers that write its notes
-and log lines. The model it enters is described in :mod:`bno_hvd.allocation.balanced`."""
+limit's rate (:func:`throttle_offsets`), in seconds beyond the rank that pays least, so a uniform
+cluster gets nothing; and the helpers that write its notes and log lines. The model it enters is
+described in :mod:`bno_hvd.allocation.balanced`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def fmt_limit(limit: float) -> str:
     return "none that binds" if not np.isfinite(limit) else f"{limit:.2g} of a core"
 
 
-def throttle_offsets(sync_cpu, cpu_limit, cpu_share=None) -> np.ndarray:
-    """Seconds each rank needs for its part of the sync at the rate it gets a CPU, beyond the least of them.
+def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
+    """Seconds each rank under a CPU limit needs for its part of the sync, beyond the least of them.
 
     The sync phase costs every rank CPU: its part of the ring (the same on every rank), Horovod's
     negotiation, the wake-ups while it waits. Under a limit of ``L < 1`` cores a rank gets that CPU
@@ -26,10 +26,9 @@ def throttle_offsets(sync_cpu, cpu_limit, cpu_share=None) -> np.ndarray:
     spins (MPI's busy polling: 50-100 ms of CPU per update on the fast ranks) is not working.
     Giving a throttled rank less compute lets it start the sync early enough: under quotas
     0.5,0.5,0.5,0.17 the update is ~20% faster with the starved rank at 1-4 samples than at the
-    split that equalises compute finish times. A rank with no limit that binds is charged at its
-    ``cpu_share`` (the share of a core it got while runnable; None: not charged): among busy
-    processes its sync runs at that share as a limited rank's runs at its limit. Ranks without a
-    measurement get 0; equal rates give equal offsets, which change no split.
+    split that equalises compute finish times. Ranks without a limit (or
+    without a measurement) get 0, so emulated and unthrottled runs are unchanged; equal limits
+    give equal offsets, which change no split.
     """
     n = len(sync_cpu)
     measured = [x for x in sync_cpu if x is not None and math.isfinite(x) and x >= 0]
@@ -37,11 +36,9 @@ def throttle_offsets(sync_cpu, cpu_limit, cpu_share=None) -> np.ndarray:
     if not measured:
         return need
     work = min(measured)
-    shares = [None] * n if cpu_share is None else cpu_share
-    for i, (limit, share) in enumerate(zip(cpu_limit, shares)):
-        rate = limit if limit is not None else share
-        if rate is not None and 0 < rate < 1:
-            need[i] = work * (1.0 / rate - 1.0)
+    for i, limit in enumerate(cpu_limit):
+        if limit is not None and 0 < limit < 1:
+            need[i] = work * (1.0 / limit - 1.0)
     return need - need.min()
 
 

@@ -91,19 +91,6 @@ def starved(metrics: ClusterMetrics, share: float, out=()) -> int | None:
     return r
 
 
-def starving(metrics: ClusterMetrics, share: float) -> set[int]:
-    """Every rank (rank 0 and ranks out too) whose share of the CPU, run over runnable time, is
-    below ``share`` of the median of the others'; ``balanced`` charges their sync at that share.
-    Unlike :func:`starved`, CPU per wall second is not asked too: it is low as well for a rank
-    that waits for the others, and on the simulator it hid most ranks among busy processes."""
-    out = set()
-    for i, x in enumerate(metrics.cpu_share):
-        others = [float(y) for j, y in enumerate(metrics.cpu_share) if j != i and y is not None]
-        if x is not None and others and x < share * float(np.median(others)):
-            out.add(i)
-    return out
-
-
 def share_of_others(shares, r: int, out=()) -> float:
     """Rank ``r``'s share over the median of the other ranks' (none in ``out``)."""
     others = [float(x) for i, x in enumerate(shares) if i != r and i not in out]

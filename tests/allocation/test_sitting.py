@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from bno_hvd.allocation import ClusterMetrics, make_strategy
-from bno_hvd.allocation.sitting import Measured, measured_step, starved, starving
+from bno_hvd.allocation.sitting import Measured, measured_step, starved
 
 MS = 1e-3
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
@@ -187,10 +187,3 @@ def test_a_trial_after_many_updates_is_measured_against_the_interval_just_before
     assert without < 40 and 95 < with_ < 120, notes[11]  # the baseline is the interval with the busy processes
     out = [k for k, h in enumerate(history) if h[3] == 0]
     assert out == [11, 12, 13, 14, 15] + list(range(17, 26)), (out, history)  # back only to be measured again
-
-
-def test_starving_names_every_rank_below_the_share_of_the_others():
-    m = ClusterMetrics(ops=[1.0] * 4, memory_used=[1e9] * 4, latency=ZERO_LAT, cpu_share=[0.9, 0.3, 0.9, 0.2])
-    assert starving(m, 0.5) == {1, 3} and starving(m, 0.2) == set()  # (0.3 and 0.2 against 0.9)
-    m.cpu_share = [0.9, None, 0.9, 0.2]  # unknown: not starving, and not counted among the others
-    assert starving(m, 0.5) == {3}

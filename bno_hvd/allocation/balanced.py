@@ -9,7 +9,7 @@ least of them (:func:`throttle_offsets`). A rank without measurements, or whose 
 steps are from before), counts as a typical rank (the median fit) until it is measured again.
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
-(:func:`solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
+(:func:`~.fitting.solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
 rank 0) sitting the update out (:mod:`.sitting`) - when it is predicted to shorten the update by
 more than ``deadband`` (5%). What the model cannot see is measured: a rank that gets less than
 ``starved_share`` of the others' share of the CPU is tried out for one interval and stays out if
@@ -24,14 +24,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from bno_hvd.allocation.fitting import (
-    fit_shape,
-    predicted_step,
-    solve_equal_finish,
-)
+from bno_hvd.allocation.fitting import fit_shape, predicted_step, split_without
 from bno_hvd.allocation.metrics import ClusterMetrics
 from bno_hvd.allocation.offsets import fmt_limit, in_ms, throttle_offsets
-from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.allocation.sitting import SitOuts
 from bno_hvd.allocation.strategy import Strategy
 from bno_hvd.common.errors import UsageError
@@ -99,7 +94,7 @@ class EqualFinishStrategy(Strategy):
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, "throttle_ms": offsets})
         for key in ("cpu_share", "cpu_per_wall"):
             self.last_model[key] = [None if x is None else round(float(x), 3) for x in getattr(metrics, key)]
-        sizes = round_to_total(solve_equal_finish(a, c, self.global_batch, model[2], offsets), self.global_batch, 1)
+        sizes = split_without(model, (), self.global_batch)
         threshold = float(self.options["deadband"])
         whole = sum(current) == self.global_batch  # (a split of another global batch is never kept)
         may_sit_out = self.sit_out_ok and self.options["sit_out"] > 0 and self.n_ranks > 1

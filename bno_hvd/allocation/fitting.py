@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 
-from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.common.errors import UsageError
 
 
@@ -54,10 +53,28 @@ def split_without(model, out, total: int) -> list[int]:
     keep = np.ones(len(a), dtype=bool)
     keep[[int(out)] if np.isscalar(out) else sorted(out)] = False
     cap = None if caps is None else [x for x, k in zip(caps, keep) if k]
-    part = solve_equal_finish(np.asarray(a)[keep], np.asarray(c)[keep], total, cap, np.asarray(offsets)[keep])
+    kept = (np.asarray(a)[keep], np.asarray(c)[keep], cap, np.asarray(offsets)[keep])
     sizes = np.zeros(len(a), dtype=int)
-    sizes[keep] = round_to_total(part, total, 1)
+    sizes[keep] = _round_fastest(kept, solve_equal_finish(*kept[:2], total, *kept[2:]), total)
     return [int(b) for b in sizes]
+
+
+def _round_fastest(model, part, total: int) -> np.ndarray:
+    """Whole samples for the real split ``part``: each rank its floor, then one sample at a time to
+    the rank predicted to finish first with it (ties: the largest remainder), which gives the
+    integer split of least predicted step. (Largest remainders alone gave speeds 1, 0.6, 0.6,
+    0.3075 51,31,30,16, whose slowest rank takes 16 / 0.3075 = 52.0 sample-times; this gives
+    51,31,31,15: 51.7.)"""
+    part = np.asarray(part, dtype=float)
+    b = np.maximum(np.floor(part + 1e-9), 1.0)
+    while b.sum() != total:
+        t = step_time(*model[:2], b + (b.sum() < total), *model[2:])
+        if b.sum() < total:
+            first = np.flatnonzero(t <= t.min() * (1 + 1e-9))
+            b[first[int(np.argmax((part - b)[first]))]] += 1
+        else:  # (past the solver's float tolerance at a huge global batch: the slowest gives one back)
+            b[int(np.argmax(np.where(b > 1, t, -np.inf)))] -= 1
+    return b.astype(int)
 
 
 def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[float]:

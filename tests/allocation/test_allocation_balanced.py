@@ -32,10 +32,20 @@ def test_speeds_one_one_one_third_split_proportional_to_speed():
     # c = [1, 1, 1, 3]/R, a = 0: b ∝ 1/c = [1, 1, 1, 1/3] -> G * [3, 3, 3, 1]/10.
     r = 100.0
     assert strategy().rebalance(metrics([r, r, r, r / 3]), [25] * 4, 1) == [30, 30, 30, 10]
-    # G = 128: [38.4, 38.4, 38.4, 12.8] -> largest remainder [39, 38, 38, 13].
+    # G = 128: [38.4, 38.4, 38.4, 12.8]; the 127th and 128th samples tie (39 / r each): the
+    # largest remainders take them [39, 38, 38, 13].
     s = make_strategy("balanced", 4, 32, deadband=0.0)
     assert s.rebalance(metrics([r, r, r, r / 3]), [32] * 4, 1) == [39, 38, 38, 13]
     assert s.changes_global_batch is False
+
+
+def test_whole_samples_go_where_they_finish_first():
+    # speeds 1, 0.6, 0.6, 0.3075 (emulated-3-levels as fitted): [51.05, 30.63, 30.63, 15.70].
+    # Largest remainders gave 51,31,30,16, whose slowest rank takes 16 / 0.3075 = 52.0
+    # sample-times; 51,31,31,15 takes 31 / 0.6 = 51.7, and the 5% threshold kept the first all run.
+    r = 100.0
+    s = make_strategy("balanced", 4, 32, deadband=0.0)
+    assert s.rebalance(metrics([r, 0.6 * r, 0.6 * r, 0.3075 * r]), [32] * 4, 1) == [51, 31, 31, 15]
 
 
 def test_steps_at_two_sizes_drive_the_split():

@@ -34,17 +34,18 @@ SHARE_PROFILES = [BY_NAME[n] for n in ("outside-equal-10ms", "outside-two-slow-2
 
 @pytest.mark.xfail(
     strict=True,
-    reason="balanced, 8-ranks-2-levels: the four ranks at 0.8 of a core keep 53,57,61,57 for one interval "
-    "after the first move (they wait for the slow ranks and use less than half of their limit, so no limit "
-    "is reported that would fit them together; the 5% threshold keeps the split); from the third "
-    "rebalance on 58-60 each. The other three profiles pass (the old balanced: 45,41,41 at quota-own-10ms)",
+    reason="balanced, 8-ranks-2-levels, in 2 of 10 seeds: the four ranks at 0.8 of a core keep their first "
+    "split (56,61,55,56 and 59,60,59,54) for one interval more (they wait for the slow ranks and use less than "
+    "half of their limit, so no limit is reported that would fit them together; the 5% threshold keeps the "
+    "split); from the third rebalance on 59-60 each. The other three profiles pass in all 10 (the old "
+    "balanced: 45,41,41 at quota-own-10ms)",
 )
 def test_ranks_under_one_limit_keep_shares_within_5_percent():
     beyond = []  # (profile, split): a rank of a group under one limit off the group's mean share
     for profile in SHARE_PROFILES:
-        run = simulate(profile, MACHINE, "balanced", 150, seed=1)
         groups = [np.flatnonzero(np.array(profile.limits) == x) for x in set(profile.limits)]
-        for split in run.splits[2:]:  # after the first two rebalances
+        splits = [s for seed in range(10) for s in simulate(profile, MACHINE, "balanced", 150, seed=seed).splits[2:]]
+        for split in splits:  # after the first two rebalances
             for g in groups:
                 b = np.array(split)[g]
                 if len(g) > 1 and (b > 0).all() and np.abs(b - b.mean()).max() > max(0.05 * b.mean(), 1.0):

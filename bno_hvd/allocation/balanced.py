@@ -13,8 +13,9 @@ steps are from before), counts as a typical rank (the median fit) until it is me
 rank 0) sitting the update out (:mod:`.sitting`) - when it is predicted to shorten the update by
 more than ``deadband`` (5%). What the model cannot see is measured: a rank that gets less than
 ``starved_share`` of the others' share of the CPU is tried out for one interval and stays out if
-the updates were faster without it. Ranks out are measured again after ``sit_out`` rebalances
-(twice as long each time they were right to leave), or at once when a limit rises.
+the updates were faster without it. Ranks out are back at once when their limit rises; with no
+limit that binds, they are measured again after ``sit_out`` rebalances (twice as long each time
+they were right to leave).
 Options, constants and the ablation behind each part: docs/heterogeneity.md.
 """
 
@@ -50,7 +51,7 @@ class EqualFinishStrategy(Strategy):
     OPTIONS = {
         "window": 16,  # recent steps per rank in each fit
         "deadband": 0.05,  # the least predicted gain (a fraction of the update) worth a move
-        "sit_out": 4,  # rebalances a rank out stays out before it is measured again; 0: never sits out
+        "sit_out": 4,  # rebalances a rank out (no limit that binds) stays out before it is measured again; 0: never
         "starved_share": 0.5,  # a rank below this of the others' CPU share is tried out; 0: no trials
     }
 

@@ -6,8 +6,8 @@ Any ranks but 0 may sit out at once, so the sets cannot all be made at start (th
 of one rank out at start). Every rank knows every update's split and asks for its set at the start of
 every update, so every rank makes the same sets in the same order. torch.distributed makes them as
 groups (``new_group``, called by every rank). Horovod's sets are static: given to ``hvd.init``, so
-a new one means initialising Horovod again with it (``hvd.shutdown``, ``hvd.init``: 0.1-1 s, once
-per new set; on Gloo its ranks meet at a rendezvous store open meanwhile). Its dynamic process sets
+a new one means initialising Horovod again with it (a barrier, ``hvd.shutdown``, ``hvd.init``: 0.1-1 s,
+once per new set; on Gloo its ranks meet at a rendezvous store open meanwhile). Its dynamic process sets
 would avoid that but cost every allreduce: its background loop then agrees on new sets every cycle
 (4 ranks, a 0.2 M-parameter gradient: 26 ms per allreduce on Gloo against 8, 2.3 against 1.3 on
 MPI). At most :data:`LIVE` sets of several ranks are kept: the least recently used one is removed,
@@ -39,16 +39,21 @@ class SitOutSets:
         self._made: OrderedDict[frozenset, object] = OrderedDict()
 
     @classmethod
-    def horovod(cls, hvd, size: int, start) -> SitOutSets:
+    def horovod(cls, hvd, size: int, start, barrier) -> SitOutSets:
         """Before ``hvd.init``: pass :meth:`static` to it. ``start(process_sets)`` initialises
-        Horovod with these static sets (collective; on Gloo with a rendezvous store open)."""
+        Horovod with these static sets (collective; on Gloo with a rendezvous store open);
+        ``barrier()`` waits for every rank (an MPI barrier on a communicator of its own)."""
         others = [[i for i in range(size) if i != r] for r in range(1, size if size <= FIXED_UP_TO else 1)]
         sets = cls(size, hvd.global_process_set, None, lambda _: None, fixed={})
         sets.fixed = {frozenset(set(range(size)) - set(o)): hvd.ProcessSet(o) for o in others}
 
         def make(ranks):
             made = hvd.ProcessSet(ranks)
-            hvd.shutdown()  # between updates: nothing is in flight
+            # a rank out runs ahead to here while the others still reduce the update before: shut
+            # down under them, their allreduce found its process set gone (seen under load, when
+            # a second rank was tried out beside one already out). After the barrier none is in flight.
+            barrier()
+            hvd.shutdown()
             start(sets.static() + [made])
             return made
 

@@ -151,7 +151,9 @@ def init_world(
     # any ranks but 0 may sit an update out: the process sets of the others (sitsets.py)
     gloo = comm.Dup() if collectives == "gloo" and comm.Get_size() > 1 else None  # (a new start's rendezvous)
     sets = (
-        SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo)) if comm.Get_size() > 1 else None
+        SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo), comm.Dup().Barrier)
+        if comm.Get_size() > 1
+        else None
     )
     hvd.init(process_sets=None if sets is None else sets.static())
     if collectives == "gloo":

@@ -34,33 +34,22 @@ def single(tmp_path_factory, fashion_dir):
     return torch.load(path, weights_only=True)
 
 
+def emulated_run(tmp_path, fashion_dir, speeds, *extra):
+    """``bno-hvd train`` of 4 ranks under EMULATED speeds that change (``speeds``: the schedule),
+    ``balanced`` rebalancing every 3 updates and a rank out measured again after 1 rebalance."""
+    schedule = tmp_path / "speeds.json"
+    schedule.write_text(json.dumps(speeds))
+    args = ["train", "--data-dir", fashion_dir, "--strategy", "balanced:sit_out=1", "--rebalance-every", "3"]
+    args += ["--emulate-schedule", str(schedule), "--emulate-rate", "200"]  # 5 ms a sample at speed 1, 250 at 2%
+    args += ["--num-workers", "1", "--log-dir", str(tmp_path / "multi"), "--save-model", str(tmp_path / "multi.pt")]
+    return bno_cmd(*args, *COMMON, *extra)
+
+
 @pytest.mark.parametrize("engine", ["horovod", "torch"])
 def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, single, fashion_dir):
-    schedule = tmp_path / "speeds.json"
-    schedule.write_text(json.dumps([{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 15, "speeds": [1] * 4}]))
+    speeds = [{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 15, "speeds": [1] * 4}]
+    args = emulated_run(tmp_path, fashion_dir, speeds, "--engine", engine)
     multi = tmp_path / "multi"
-    args = bno_cmd(
-        "train",
-        "--data-dir",
-        fashion_dir,
-        "--strategy",
-        "balanced:sit_out=1",
-        "--rebalance-every",
-        "3",
-        "--emulate-schedule",
-        str(schedule),
-        "--emulate-rate",
-        "200",  # 5 ms per sample at speed 1, 250 ms at 2%: far above the CNN's own compute
-        "--num-workers",
-        "1",
-        "--log-dir",
-        str(multi),
-        "--save-model",
-        str(tmp_path / "multi.pt"),
-        *COMMON,
-        "--engine",
-        engine,
-    )
     assert_ok(horovodrun(4, args, timeout=400) if engine == "horovod" else mpirun(4, args, timeout=400))
     records = [json.loads(line) for line in open(multi / "updates.jsonl")]
     sizes = [r["batch_sizes"] for r in records if "batch_sizes" in r]
@@ -95,30 +84,9 @@ def test_a_second_rank_goes_out_beside_one_out_and_training_stays_exact(tmp_path
     # to 2% at update 9, and the set of ranks 0 and 1 is made (Horovod initialised again) at the
     # first update that both sit out. Until 2026-11-27 rank 3 shut Horovod down under the
     # others' allreduce there: "Process set provided does not exist" on ranks 0-2, every run
-    schedule = tmp_path / "speeds.json"
     slow = [{"update": 0, "speeds": [1, 1, 1, 0.02]}, {"update": 9, "speeds": [1, 1, 0.02, 0.02]}]
-    schedule.write_text(json.dumps(slow))
+    args = emulated_run(tmp_path, fashion_dir, slow)
     multi = tmp_path / "multi"
-    args = bno_cmd(
-        "train",
-        "--data-dir",
-        fashion_dir,
-        "--strategy",
-        "balanced:sit_out=1",
-        "--rebalance-every",
-        "3",
-        "--emulate-schedule",
-        str(schedule),
-        "--emulate-rate",
-        "200",
-        "--num-workers",
-        "1",
-        "--log-dir",
-        str(multi),
-        "--save-model",
-        str(tmp_path / "multi.pt"),
-        *COMMON,
-    )
     assert_ok(horovodrun(4, args, timeout=400))
     sizes = [json.loads(line)["batch_sizes"] for line in open(multi / "updates.jsonl")]
     both = [u for u, s in enumerate(sizes) if s[2] == 0 and s[3] == 0]

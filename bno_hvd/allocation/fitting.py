@@ -67,13 +67,12 @@ def _round_fastest(model, part, total: int) -> np.ndarray:
     51,31,31,15: 51.7.)"""
     part = np.asarray(part, dtype=float)
     b = np.maximum(np.floor(part + 1e-9), 1.0)
-    while b.sum() != total:
-        t = step_time(*model[:2], b + (b.sum() < total), *model[2:])
-        if b.sum() < total:
-            first = np.flatnonzero(t <= t.min() * (1 + 1e-9))
-            b[first[int(np.argmax((part - b)[first]))]] += 1
-        else:  # (past the solver's float tolerance at a huge global batch: the slowest gives one back)
-            b[int(np.argmax(np.where(b > 1, t, -np.inf)))] -= 1
+    for _ in range(int(b.sum()) - total):  # (past the solver's float tolerance: the slowest gives one back)
+        b[int(np.argmax(np.where(b > 1, step_time(*model[:2], b, *model[2:]), -np.inf)))] -= 1
+    for _ in range(total - int(b.sum())):
+        t = step_time(*model[:2], b + 1, *model[2:])
+        first = np.flatnonzero(t <= t.min() * (1 + 1e-9))
+        b[first[int(np.argmax((part - b)[first]))]] += 1
     return b.astype(int)
 
 

@@ -113,13 +113,17 @@ def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[floa
 
     if caps is None or np.isinf(cap).all():  # the closed form: ranks below 1 sample held at 1, in turn
         free = np.ones(n, dtype=bool)
-        while True:
+        while free.any():
             t_lo = t_hi = (total - (~free).sum() + ((a + o) / c)[free].sum()) / (1.0 / c)[free].sum()
             low = free & (sizes(t_lo) <= 1.0)
             if not low.any():
                 break
             free &= ~low  # (each one held at 1 leaves the others less: T* only falls, none comes back)
-        b = sizes(t_lo)
+        if free.any():
+            b = sizes(t_lo)
+        else:  # every rank held at 1 (a global batch of one sample per rank): 0 / 0 above
+            b, t_lo = np.ones(n), float(step_time(a, c, np.ones(n), None, o).max())
+            t_hi = t_lo
     else:  # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect
         t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
         t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())

@@ -48,6 +48,14 @@ def test_whole_samples_go_where_they_finish_first():
     assert s.rebalance(metrics([r, 0.6 * r, 0.6 * r, 0.3075 * r]), [32] * 4, 1) == [51, 31, 31, 15]
 
 
+def test_a_global_batch_of_one_sample_per_rank_holds_every_rank_at_one():
+    # every rank held at 1 sample left no rank to solve for: 0 / 0, and the solver refused the
+    # split (--base-batch-size 1 with uneven ranks ended the run)
+    r = 100.0
+    s = make_strategy("balanced", 4, 1, deadband=0.0)
+    assert s.rebalance(metrics([r, 0.6 * r, 0.6 * r, 0.3 * r]), [1] * 4, 1) == [1, 1, 1, 1]
+
+
 def test_steps_at_two_sizes_drive_the_split():
     # every rank: c_i * (k + b) with one fixed cost of k = 4 samples; ranks 0-2 c = 0.01, rank 3
     # c = 0.03. Equal finish: 0.01 (4 + b) = 0.03 (4 + b3), 3 b + b3 = 100 -> b = 30.8, b3 = 7.6

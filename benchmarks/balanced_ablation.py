@@ -18,7 +18,6 @@ import os
 import numpy as np
 
 from bno_hvd.allocation.balanced import EqualFinishStrategy
-from bno_hvd.allocation.offsets import throttle_offsets
 from bno_hvd.lab.sim.engine import simulate
 from bno_hvd.lab.sim.families import random_profile
 from bno_hvd.lab.sim.machine import Machine
@@ -44,15 +43,8 @@ class NoGroups(EqualFinishStrategy):
 class NoThrottle(EqualFinishStrategy):
     """No charge for a throttled rank's sync: equal compute finish."""
 
-    def _offsets(self, metrics, rose=()):
+    def _offsets(self, metrics):
         return np.zeros(self.n_ranks)
-
-
-class NoStep(EqualFinishStrategy):
-    """A rank with no limit that binds pays nothing for a slow optimizer step (before 2026-11-27)."""
-
-    def _offsets(self, metrics, rose=()):
-        return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit)
 
 
 class NoForget(EqualFinishStrategy):
@@ -76,7 +68,6 @@ VARIANTS = {
     "no-shape": NoShape,
     "no-groups": NoGroups,
     "no-throttle": NoThrottle,
-    "no-step": NoStep,
     "no-threshold": "balanced:deadband=0",
     "no-forget": NoForget,
     "no-sit-out": "balanced:sit_out=0",

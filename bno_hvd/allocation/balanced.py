@@ -4,10 +4,9 @@
 rank does the same work, a fixed cost worth ``k`` samples per pass (``passes``: micro-batches under
 a memory cap) and ``b`` samples, at its own speed ``1 / c_i``; ``k`` and ``c_i`` are fitted to the
 ranks' last ``window`` steps (:func:`fit_shape`; ranks that report one CPU limit share one ``c``).
-``s_i`` is its part of the allreduce and its optimizer step: ``w * (1 / L_i - 1)`` at a CPU limit
-``L_i``, its measured step beyond the quickest rank's where none binds (:func:`throttle_offsets`).
-A rank without measurements, or whose limit rose (its steps are from before), counts as a
-typical rank (the median fit) until it is measured again.
+``s_i`` is its part of the allreduce paid at its CPU limit ``L_i``, ``w * (1 / L_i - 1)`` beyond the
+least of them (:func:`throttle_offsets`). A rank without measurements, or whose limit rose (its
+steps are from before), counts as a typical rank (the median fit) until it is measured again.
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
 (:func:`~.fitting.solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
@@ -91,12 +90,11 @@ class EqualFinishStrategy(Strategy):
             self._warn("balanced: no rank has reported compute times or throughput yet; kept the current allocation")
             return list(current)
         a, c = np.where(known, a, np.median(a[known])), np.where(known, c, np.median(c[known]))
-        offsets = self._offsets(metrics, rose)
+        offsets = self._offsets(metrics)
         model = (a, c, metrics.max_batch, offsets)
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, "throttle_ms": offsets})
         for key in ("cpu_share", "cpu_per_wall"):
             self.last_model[key] = [None if x is None else round(float(x), 3) for x in getattr(metrics, key)]
-        self.last_model["step_ms"] = [None if x is None else round(float(x) * 1000, 3) for x in metrics.step_seconds]
         sizes = split_without(model, (), self.global_batch)
         threshold = float(self.options["deadband"])
         whole = sum(current) == self.global_batch  # (a split of another global batch is never kept)
@@ -131,12 +129,9 @@ class EqualFinishStrategy(Strategy):
         c[use_ops] = 1.0 / ops[use_ops]
         return np.where(use_ops, 0.0, self.shape * c), c
 
-    def _offsets(self, metrics: ClusterMetrics, rose=()) -> np.ndarray:
-        """Seconds each rank adds to the update besides its compute: its sync at its CPU limit
-        (or, with no limit that binds, its measured optimizer step; not the steps of a rank whose
-        limit just rose, taken under the old one)."""
-        steps = [None if i in rose else x for i, x in enumerate(metrics.step_seconds)]
-        return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit, steps)
+    def _offsets(self, metrics: ClusterMetrics) -> np.ndarray:
+        """Seconds each rank adds to the update besides its compute: its sync at its CPU limit."""
+        return throttle_offsets(metrics.sync_cpu, metrics.cpu_limit)
 
     def state_dict(self) -> dict:
         limits = [None if np.isnan(v) else ("none" if np.isinf(v) else float(v)) for v in self.limits]

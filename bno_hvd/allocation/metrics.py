@@ -66,7 +66,6 @@ class ClusterMetrics:
     max_batch: list = field(default_factory=list)  # per rank batch cap, None = no cap
     sync_samples: list = field(default_factory=list)  # per rank [(update, sync seconds), ...]
     sync_cpu: list = field(default_factory=list)  # per rank CPU seconds of one sync phase, None = unknown
-    step_seconds: list = field(default_factory=list)  # per rank seconds of one optimizer step, None = unknown
     cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
     cycle_samples: list = field(default_factory=list)  # per rank [(update, seconds of the whole update), ...]
     cpu_share: list = field(default_factory=list)  # per rank time on a CPU / runnable time, None = unknown
@@ -82,8 +81,6 @@ class ClusterMetrics:
             self.sync_samples = [[] for _ in range(self.n)]
         if len(self.sync_cpu) == 0:
             self.sync_cpu = [None] * self.n
-        if len(self.step_seconds) == 0:
-            self.step_seconds = [None] * self.n
         if len(self.cpu_limit) == 0:
             self.cpu_limit = [None] * self.n
         if len(self.cycle_samples) == 0:
@@ -117,7 +114,7 @@ class ClusterMetrics:
         n = self.n
         if n < 1:
             raise UsageError("metrics: 'ops' is empty; give one value per rank")
-        for name in ("memory_used", "compute_samples", "max_batch", "sync_cpu", "step_seconds", "cpu_limit"):
+        for name in ("memory_used", "compute_samples", "max_batch", "sync_cpu", "cpu_limit"):
             got = len(getattr(self, name))
             if got != n:
                 raise UsageError(f"metrics: '{name}' has {got} entries but 'ops' has {n}; give one per rank")
@@ -137,7 +134,7 @@ class ClusterMetrics:
                 raise UsageError(
                     f"metrics: max_batch[{i}] is {show_value(cap)}; use an integer {CAP.describe()} or null (no cap)"
                 )
-        for name, bounds in (("sync_cpu", CPU_SECONDS), ("step_seconds", STEP_SECONDS), ("cpu_limit", CPU_LIMIT)):
+        for name, bounds in (("sync_cpu", CPU_SECONDS), ("cpu_limit", CPU_LIMIT)):
             for i, x in enumerate(getattr(self, name)):
                 if x is not None and (isinstance(x, bool) or not bounds.contains(as_float(x))):
                     raise UsageError(f"metrics: {name}[{i}] is {show_value(x)}; use {bounds.describe()} or null")

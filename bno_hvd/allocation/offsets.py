@@ -1,7 +1,7 @@
 """What ``balanced`` adds to each rank's time besides its compute: its sync phase paid at its CPU
-limit's rate, or its measured optimizer step where no limit binds (:func:`throttle_offsets`), in
-seconds beyond the rank that pays least, so a uniform cluster gets nothing; and the helpers that
-write its notes and log lines. The model it enters is described in :mod:`bno_hvd.allocation.balanced`."""
+limit's rate (:func:`throttle_offsets`), in seconds beyond the rank that pays least, so a uniform
+cluster gets nothing; and the helpers that write its notes and log lines. The model it enters is
+described in :mod:`bno_hvd.allocation.balanced`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def fmt_limit(limit: float) -> str:
     return "none that binds" if not np.isfinite(limit) else f"{limit:.2g} of a core"
 
 
-def throttle_offsets(sync_cpu, cpu_limit, step_seconds=None) -> np.ndarray:
-    """Seconds each rank needs for its part of the sync and its optimizer step, beyond the least of them.
+def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
+    """Seconds each rank under a CPU limit needs for its part of the sync, beyond the least of them.
 
     The sync phase costs every rank CPU: its part of the ring (the same on every rank), Horovod's
     negotiation, the wake-ups while it waits. Under a limit of ``L < 1`` cores a rank gets that CPU
@@ -26,25 +26,19 @@ def throttle_offsets(sync_cpu, cpu_limit, step_seconds=None) -> np.ndarray:
     spins (MPI's busy polling: 50-100 ms of CPU per update on the fast ranks) is not working.
     Giving a throttled rank less compute lets it start the sync early enough: under quotas
     0.5,0.5,0.5,0.17 the update is ~20% faster with the starved rank at 1-4 samples than at the
-    split that equalises compute finish times. Equal limits give equal offsets, which change no split.
-
-    A rank with no limit that binds is slowed by what the model cannot name (busy processes on
-    its core): it pays its measured optimizer step (``step_seconds``, each rank's median; the step
-    delays its next arrival as its compute does) beyond the quickest rank's. Under a limit the
-    step is part of ``w``; a rank whose step was not measured (a loop that does not mark the
-    allreduce's end) gets 0, as does an EMULATED rank, whose step is at full speed.
+    split that equalises compute finish times. Ranks without a limit (or
+    without a measurement) get 0, so emulated and unthrottled runs are unchanged; equal limits
+    give equal offsets, which change no split.
     """
     n = len(sync_cpu)
-    steps = [None] * n if step_seconds is None else list(step_seconds)
-    timed = [x for x in steps if x is not None and math.isfinite(x) and x >= 0]
     measured = [x for x in sync_cpu if x is not None and math.isfinite(x) and x >= 0]
     need = np.zeros(n)
-    work = min(measured) if measured else 0.0
+    if not measured:
+        return need
+    work = min(measured)
     for i, limit in enumerate(cpu_limit):
         if limit is not None and 0 < limit < 1:
             need[i] = work * (1.0 / limit - 1.0)
-        elif limit is None and timed and steps[i] is not None and math.isfinite(steps[i]):
-            need[i] = max(steps[i] - min(timed), 0.0)
     return need - need.min()
 
 

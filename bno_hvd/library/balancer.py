@@ -213,12 +213,6 @@ class Balancer(SamplerFace):
         if self._step is not None:
             self.timer.mark_backward_end()
 
-    def mark_reduced(self) -> None:
-        """The gradients are summed; the optimizer step follows (optional: where it is called, a slow
-        step is timed and charged by ``balanced``; bno-hvd's loop and DistributedOptimizer call it)."""
-        if self._step is not None:
-            self.timer.mark_reduced()
-
     def end_compute(self) -> float:
         """Mark the end of forward+backward; returns the compute phase in seconds."""
         step = self._require_step()
@@ -270,7 +264,6 @@ class Balancer(SamplerFace):
             warnings=self.warnings.drain() if self.rank != 0 else [],
             sync_samples=list(self.timer.syncs),
             sync_cpu=self.timer.sync_cpu(),
-            step_seconds=self.timer.step_seconds(),
             cpu_limit=self.limit.read(self.timer.cpu_use),
             cycle_samples=list(self.timer.cycles),
             cpu_share=self.timer.cpu_share(),

@@ -18,8 +18,7 @@ optimizer.step()``. What happens instead of the explicit calls (:mod:`bno_hvd.li
   backward pass's gradient is scaled by this rank's share n_r / sum(n) before it reaches
   ``p.grad`` and the allreduce (also with ``backward_passes_per_step``: every pass is scaled).
   The end of the last backward pass ends the compute phase (an autograd-engine callback);
-  ``step()`` waits for the allreduce (Horovod's ``synchronize()``), times the optimizer step
-  from there, steps, and ends the update (every K updates: rebalance).
+  ``step()`` waits for the allreduce, steps, and ends the update (every K updates: rebalance).
 - A :class:`~bno_hvd.common.errors.UsageError` that ends the script is one ``bno-hvd: error:``
   line on stderr and exit code 2, as in the CLI
   (:func:`~bno_hvd.processes.world.one_line_errors`).
@@ -145,7 +144,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
         raise UsageError(f"hvd.DistributedOptimizer refused the arguments: {first_line(err)}") from None
     params = [p for group in wrapped.param_groups for p in group["params"] if p.requires_grad]
     balancer.gradients_weighted = weighted  # exact BatchNorm's backward works in the same frame (library/batchnorm.py)
-    wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step, reduce_op != "adasum")
+    wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
     wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
     return wrapped
 
@@ -176,9 +175,8 @@ def _step(self, *args, **kwargs):
 class _StepDriver:
     """The balancer's side of each optimizer step (see the module doc)."""
 
-    def __init__(self, balancer, params, weighted: bool, lr_scaling: str, inner_step, timed: bool = True):
+    def __init__(self, balancer, params, weighted: bool, lr_scaling: str, inner_step):
         self.balancer, self.weighted, self.lr_scaling, self.inner_step = balancer, weighted, lr_scaling, inner_step
-        self.timed = timed  # the allreduce's end is known (Adasum sums inside step(): not)
         self._queued = False  # the end-of-backward callback is queued for the pass under way
         self.hooks = [p.register_hook(self._scale) for p in params]
 
@@ -216,15 +214,7 @@ class _StepDriver:
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * factor
         try:
-            if self.timed and optimizer._should_synchronize:
-                optimizer.synchronize()  # what Horovod's step() would do first
-                bal.mark_reduced()
-                with optimizer.skip_synchronize():
-                    out = self.inner_step(*args, **kwargs)
-            else:  # the script synchronized already (a GradScaler's pattern), or Adasum
-                if self.timed:
-                    bal.mark_reduced()
-                out = self.inner_step(*args, **kwargs)
+            out = self.inner_step(*args, **kwargs)
         finally:
             for group, lr in zip(optimizer.param_groups, saved):
                 group["lr"] = lr  # the user's value (a scheduler's) stays theirs

@@ -3,9 +3,8 @@
 The strategies see a rank's *local* time per update: its compute plus the work before it (getting
 the batch, logging), which delays its arrival at the allreduce just like compute does, and on a
 CPU-starved rank is several times longer than elsewhere. The sync phase (the allreduce and the
-waiting for slower ranks) is kept apart, with the CPU the process spent in it, and, where the
-loop marks the allreduce's end, its optimizer step: that is what the sync charge of ``balanced``
-reads (:mod:`bno_hvd.allocation.offsets`).
+waiting for slower ranks) is kept apart, with the CPU the process spent in it: that is what the
+arrival penalty and the throttled-sync charge of ``balanced`` read (:mod:`bno_hvd.allocation.offsets`).
 
 Usage (what :class:`bno_hvd.library.balancer.Balancer` does)::
 
@@ -13,9 +12,7 @@ Usage (what :class:`bno_hvd.library.balancer.Balancer` does)::
     timer.start()
     ...forward, backward...
     timer.end_compute(batch)
-    ...allreduce...
-    timer.mark_reduced()                # optional: the optimizer step is timed from here
-    ...optimizer step...
+    ...allreduce, optimizer step...
     stats = timer.end(update, batch_sizes)
     timer.done()                        # after any rebalance: the next gap starts here
 """
@@ -104,7 +101,6 @@ class StepTimer:
         self.steps = StepWindow(window)  # (batch, local seconds) of recent updates, for the fits
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
-        self.step_times: deque[float] = deque(maxlen=window)  # seconds from the summed gradients to the step's end
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
         self.idles: deque[float] = deque(maxlen=window)  # ... of its wall s, waiting on the device (idle)
         self.runs: deque[tuple[float, float]] = deque(maxlen=window)  # (s on a CPU, s runnable waiting for one)
@@ -114,7 +110,6 @@ class StepTimer:
         self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
-        self._reduced: float | None = None  # when this update's allreduce was done (mark_reduced), if marked
         self._gc = gc_seconds()  # the collector's total when the previous update ended
         self._catch_up = 0.0  # seconds of a catch-up before this update (not part of its gap)
 
@@ -122,7 +117,7 @@ class StepTimer:
         """The step begins: its batch is here."""
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
         self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
-        self._mark, self._idle, self._reduced = None, 0.0, None
+        self._mark, self._idle = None, 0.0
 
     def idle(self, seconds: float) -> None:
         """This rank just waited ``seconds`` for its device, not for a CPU (a GPU's queue, an
@@ -137,10 +132,6 @@ class StepTimer:
             self.sync()
             self.idle(time.perf_counter() - t)
         self._mark = (time.perf_counter(), time.process_time())
-
-    def mark_reduced(self) -> None:
-        """The gradients are summed: what follows until :meth:`end` is this rank's optimizer step."""
-        self._reduced = time.perf_counter()
 
     def end_compute(self, batch: int) -> float:
         """Forward and backward are done (at the last :meth:`mark_backward_end`, if any, else now);
@@ -175,8 +166,6 @@ class StepTimer:
             return stats
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
-        if self._reduced is not None:
-            self.step_times.append(now - self._reduced)
         self.cpu_use.append((stats.cpu_seconds, now - self._t0))  # a device wait binds no CPU limit
         self.idles.append(min(self._idle, now - self._t0))
         self.cycles.append((update, self._gap + now - self._t0))
@@ -189,7 +178,6 @@ class StepTimer:
         self.steps.clear()
         self.syncs.clear()
         self.sync_cpus.clear()
-        self.step_times.clear()
         self.cpu_use.clear()
         self.idles.clear()
         self.runs.clear()
@@ -228,11 +216,6 @@ class StepTimer:
     def sync_cpu(self) -> float | None:
         """Median CPU seconds of the recent sync phases (None before the first update)."""
         return float(np.median(self.sync_cpus)) if self.sync_cpus else None
-
-    def step_seconds(self) -> float | None:
-        """Median seconds of the recent optimizer steps, from :meth:`mark_reduced` to :meth:`end`
-        (None where the loop never marks the allreduce's end)."""
-        return float(np.median(self.step_times)) if self.step_times else None
 
 
 class RunQueue:

@@ -115,7 +115,6 @@ class Training:
             submit_gradients(opt)
             loss_sum = LossSum(hvd, loss * step.weight, self.sit_out.process_set)
             wait_for_allreduce(hvd, opt, [loss_sum.handle])
-            bal.mark_reduced()  # the optimizer step is timed from here (balanced charges a slow one)
             optimizer_step(opt, run.scaler)
         stats = bal.end_step()  # every K updates: rebalance via rank 0
 

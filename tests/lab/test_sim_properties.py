@@ -162,15 +162,3 @@ def test_the_fixed_split_is_the_hand_split_and_only_rank_0_never_sits_out():
     profile = BY_NAME["quota-own-10ms"]
     assert build_strategy("fixed", profile).initial() == [39, 38, 38, 13]  # as lab.profiles.hand_split
     assert build_strategy("balanced", profile).sit_out_ok
-
-
-def test_ranks_among_busy_processes_pay_their_slow_optimizer_step():
-    # random-40-926's shape: ranks 0 and 1 share their cores with 5 busy processes each (no limit to
-    # read; a quarter of a core), ranks 2 and 3 are limited to half a core. The busy ranks' optimizer
-    # step takes ~4x a free rank's and delays their next arrival; without it in the model they got
-    # 23 samples (0.91 of the best split kept fixed), with it 19 (0.95)
-    profile = SimProfile("busy-neighbours", [np.inf, np.inf, 0.5, 0.5], 6.0, busy=[5, 5, 0, 0], global_batch=128)
-    best = max(np.mean(simulate(profile, QUIET, [x, x, 64 - x, 64 - x], 120).rates(20, 4)) for x in range(8, 33, 2))
-    run = simulate(profile, QUIET, "balanced", 120)
-    assert np.mean(run.rates(20, 4)) >= 0.94 * best, run.splits
-    assert max(run.splits[-1][:2]) <= 20 and min(run.splits[-1][2:]) >= 44, run.splits

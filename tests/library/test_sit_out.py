@@ -62,7 +62,6 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, s
     models = [r["rebalance_model"] for r in records if r.get("rebalance_model")]  # why each split, per rank
     assert len(models) >= 8 and all(len(v) == 4 for m in models for v in m.values()), models[:1]
     first = models[0]["per_sample_ms"]  # an emulated sample at 2% of the speed: 250 ms against ~5
-    assert all(x > 0 for x in models[0]["step_ms"]), models[0]  # the loop times every rank's optimizer step
     assert first[3] > 5 * max(first[:3]), first
     assert min(s[3] for s in sizes[15 + 3 * 3 :]) >= 4, sizes  # back at a fast rank's share
     mine = json.load(open(multi / "ranks.json"))["ranks"][3]  # what rank 3 logged of its own updates

@@ -33,27 +33,6 @@ def test_the_step_clock_splits_an_update_into_gap_compute_and_sync():
     ((batch, local),) = timer.steps.samples()  # what the fits see: compute plus the gap before it
     assert batch == 8 and local == pytest.approx(compute + stats.gap_seconds)
     assert timer.syncs[-1] == (5, stats.sync_seconds) and timer.sync_cpu() is not None
-    assert timer.step_seconds() is None  # the allreduce's end was not marked: the step is not known
-
-
-def test_the_step_clock_times_the_optimizer_step_from_the_marked_end_of_the_allreduce():
-    timer = StepTimer(window=3)
-    for update, step in enumerate((0.03, 0.01, 0.02, 0.02)):
-        timer.done()
-        timer.start()
-        timer.end_compute(batch=4)
-        time.sleep(0.02)  # the allreduce: not part of the step
-        timer.mark_reduced()
-        time.sleep(step)  # the optimizer step
-        timer.end(update=update, batch_sizes=[4, 4])
-    assert 0.02 <= timer.step_seconds() < 0.035  # the median of the last 3 (0.01, 0.02, 0.02)
-    timer.done()
-    timer.start()
-    timer.end_compute(batch=4)
-    timer.end(update=4, batch_sizes=[4, 4])  # not marked this time: nothing added
-    assert len(timer.step_times) == 3
-    timer.forget()  # back after sitting out
-    assert timer.step_seconds() is None
 
 
 def test_a_cpu_limit_counts_once_it_binds_and_until_it_changes():

@@ -11,7 +11,7 @@ its optimizer step (``step_cpu``) at its own limit and starts its next step when
 no other rank waits for it, except at a rebalance. A rank with 0 samples sits the update out.
 Every ``every`` updates rank 0's strategy gets what
 :class:`~bno_hvd.allocation.ClusterMetrics` holds in a real job: each rank's last ``window``
-(batch, gap + compute), (update, sync), sync CPU, optimizer step, whole-update times, its CPU limit where it binds
+(batch, gap + compute), (update, sync), sync CPU, whole-update times, its CPU limit where it binds
 (used at least half of it), its CPU share (run over runnable time) and CPU per wall second.
 """
 
@@ -46,7 +46,7 @@ class Windows:
     """Each rank's recent measurements, as its StepTimer keeps them: the last ``window`` updates it
     took part in since it last came back. Stored update-major, one row per update (fast to add)."""
 
-    FIELDS = ("batch", "local", "sync", "sync_cpu", "cpu", "wall", "runnable", "step")
+    FIELDS = ("batch", "local", "sync", "sync_cpu", "cpu", "wall", "runnable")
 
     def __init__(self, n: int, window: int, updates: int):
         self.n, self.window = n, window
@@ -66,14 +66,14 @@ class Windows:
         """What rank 0 gathers at a rebalance after update ``u - 1``."""
         part = self.took_part[:u]
         recent = part & (np.cumsum(part[::-1], axis=0)[::-1] <= self.window)
-        batch, local, sync, sync_cpu, cpu, wall, runnable, step = self.rows[:, :u]
+        batch, local, sync, sync_cpu, cpu, wall, runnable = self.rows[:, :u]
         count = recent.sum(axis=0)
         tot = {
             k: np.where(recent, v, 0.0).sum(axis=0)
             for k, v in (("b", batch), ("t", local), ("cpu", cpu), ("wall", wall))
         }
         ran_all = np.where(recent, runnable, 0.0).sum(axis=0)
-        limit_seen, share, per_wall, med, steps, syncs, cycles, ops, opt = [], [], [], [], [], [], [], [], []
+        limit_seen, share, per_wall, med, steps, syncs, cycles, ops = [], [], [], [], [], [], [], []
         updates = np.arange(u)
         for i in range(self.n):
             rows = recent[:, i]
@@ -91,7 +91,6 @@ class Windows:
             share.append(float(tot["cpu"][i] / ran_all[i]) if count[i] and ran_all[i] > 0 else None)
             per_wall.append(float(tot["cpu"][i] / tot["wall"][i]) if count[i] else None)
             med.append(statistics.median(sync_cpu[rows, i].tolist()) if count[i] else None)
-            opt.append(statistics.median(step[rows, i].tolist()) if count[i] else None)
         return ClusterMetrics(
             ops=ops,
             memory_used=[1e9] * self.n,
@@ -100,7 +99,6 @@ class Windows:
             max_batch=[int(c) if c > 0 else None for c in caps],
             sync_samples=syncs,
             sync_cpu=med,
-            step_seconds=opt,
             cpu_limit=limit_seen,
             cycle_samples=cycles,
             cpu_share=share,
@@ -196,7 +194,7 @@ def simulate(
         runnable = np.maximum((done - start) * speed + (part - last) + spun + (stepped - end), cpu)
         in_sync = spun + sync_cpu - early + machine.step_cpu  # the CPU of its sync phase
         wall = stepped - start
-        windows.add(u, inside, [sizes, done - start, stepped - done, in_sync, cpu, wall, runnable, stepped - end])
+        windows.add(u, inside, [sizes, done - start, stepped - done, in_sync, cpu, wall, runnable])
         sums += np.where(inside, [done - start, stepped - done, in_sync], 0.0)
         count += inside
         seconds[u], samples[u] = end - t, sizes.sum()

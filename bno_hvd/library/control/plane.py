@@ -31,7 +31,6 @@ class RankReport:
     recent_steps: list = field(default_factory=list)  # (update, RankStep) since the last report, if a hook sends them
     sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
     sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
-    step_seconds: float | None = None  # median seconds of its recent optimizer steps (StepTimer.step_seconds)
     cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
     cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
     cpu_share: float | None = None  # its time on a CPU over its runnable time (StepTimer.cpu_share)
@@ -63,7 +62,6 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         max_batch=[r.max_batch for r in reports],
         sync_samples=[list(r.sync_samples) for r in reports],
         sync_cpu=[r.sync_cpu for r in reports],
-        step_seconds=[r.step_seconds for r in reports],
         cpu_limit=[r.cpu_limit for r in reports],
         cycle_samples=[list(r.cycle_samples) for r in reports],
         cpu_share=[r.cpu_share for r in reports],

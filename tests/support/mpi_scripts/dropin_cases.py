@@ -100,9 +100,6 @@ def run_grads(op_name, passes, dataset):
         failures.append(f"the split never was uneven and changing: {sorted(sizes_seen)}")
     if len(bal) != -(-N * bal.plan.latest()[hvd.rank()] // sum(bal.plan.latest())):
         failures.append(f"len(balancer) {len(bal)}")
-    step = bal.timer.step_seconds()  # step() timed the optimizer step from the allreduce's end: reported
-    if step is None or not 0 < step < 1 or bal.report().step_seconds != step:
-        failures.append(f"the optimizer step was not timed: {step}")
     return failures
 
 
@@ -149,8 +146,6 @@ def run_adasum_on_even_batches(dataset):
         opt.zero_grad()
         ((model(x).reshape(-1) - t) ** 2).mean().backward()
         opt.step()
-    if bal.timer.step_seconds() is not None:  # Adasum sums inside step(): its end is not known
-        return [f"adasum: a step time {bal.timer.step_seconds()} without the allreduce's end"]
     return [] if bal.update == 3 and torch.isfinite(model.weight).all() else [f"adasum: {bal.update} updates"]
 
 

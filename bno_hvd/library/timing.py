@@ -45,7 +45,7 @@ class RankStep:
     cpu_sync: float = 0.0  # CPU seconds of ``cpu`` spent in the sync phase (the allreduce's work, any spinning)
     tokens: int = 0  # text: tokens (predictions) this rank processed (0 for images)
     gc: float = 0.0  # s of gap, compute and sync spent in Python's garbage collector
-    catch_up: float = 0.0  # s before the gap: sending (rank 0) or receiving the state of a rank back from sitting out
+    catch_up: float = 0.0  # s before the gap: a state sent or received for a rank back, or a new process set made
 
     @property
     def seconds(self) -> float:
@@ -65,7 +65,7 @@ class StepStats:
     cpu_sync_seconds: float = 0.0  # ... of it in the sync phase (the allreduce's work, and any spinning)
     gap_seconds: float = 0.0  # previous update's end -> this step's start (loading the batch, logging)
     gc_seconds: float = 0.0  # of gap, compute and sync: in Python's garbage collector (any thread)
-    catch_up_seconds: float = 0.0  # before the gap: sending or receiving the state of a rank back from sitting out
+    catch_up_seconds: float = 0.0  # before the gap: a state sent or received for a rank back, or a new process set made
     rebalance_seconds: float = 0.0
     rebalanced: bool = False
     rank_memory: list | None = None  # at a rebalance, on rank 0: every rank's memory in bytes
@@ -186,8 +186,9 @@ class StepTimer:
 
     def done(self, catch_up: float = 0.0) -> None:
         """The update is over (after a rebalance, if any): the next step's gap starts now.
-        ``catch_up``: seconds this rank just spent sending or receiving a state
-        (:mod:`bno_hvd.library.catchup`), logged apart from the gap."""
+        ``catch_up``: seconds this rank just spent sending or receiving a state, or making the
+        process set of a new set of ranks out (:mod:`bno_hvd.library.catchup`), logged apart
+        from the gap: not part of the next step's time."""
         self._last_end, self._gc = time.perf_counter(), gc_seconds()
         self._catch_up += catch_up
 

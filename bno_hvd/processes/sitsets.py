@@ -37,6 +37,7 @@ class SitOutSets:
         self._make, self._remove = make, remove  # ranks -> a new set; a set -> None (both collective)
         self.fixed = fixed or {}  # ranks out -> a set made at start, never removed
         self._made: OrderedDict[frozenset, object] = OrderedDict()
+        self.makes = 0  # sets made so far (Horovod: each one an hvd.init; the loop keeps that time out of a step)
 
     @classmethod
     def horovod(cls, hvd, size: int, start, barrier) -> SitOutSets:
@@ -88,6 +89,7 @@ class SitOutSets:
         while len(self._made) >= self.live:
             self._remove(self._made.popitem(last=False)[1])
         made = self._made[key] = self._make([r for r in range(self.size) if r not in key])
+        self.makes += 1
         return made
 
     def __len__(self) -> int:

@@ -92,7 +92,7 @@ class Training:
         # -- this rank's step: forward, weighted loss, backward ------------------------
         t = time.perf_counter()
         if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
-            bal.timer.done(catch_up=time.perf_counter() - t)  # that transfer is logged apart from the step
+            bal.timer.done(catch_up=time.perf_counter() - t)  # that transfer (or new set) is logged apart from the step
         step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
         computes = step.size > 0  # a rank with 0 samples sits this update out
         hooks.before_compute(step)

@@ -72,7 +72,11 @@ def test_a_rank_sits_out_comes_back_and_training_stays_exact(engine, tmp_path, s
     back = [u for u in range(1, len(sizes)) if sizes[u - 1][3] == 0 and sizes[u][3] > 0]
     zero = json.load(open(multi / "ranks.json"))["ranks"][0]
     assert back and all(mine["catch_up"][u] > 0 and zero["catch_up"][u] > 0 for u in back), back
-    assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back)
+    # ... and so is making the set of the ranks that compute (torch: a new group at the first update out;
+    # Horovod's sets of one rank out are made at start)
+    made = {out[0]} if engine == "torch" else set()
+    assert all(mine["catch_up"][u] > 0 for u in made)
+    assert not any(mine["catch_up"][u] for u in range(len(sizes)) if u not in back and u not in made)
 
     diff = max_relative_difference(torch.load(tmp_path / "multi.pt", weights_only=True), single)
     print(f"{engine} engine, sat out and came back: max relative difference {diff:.3e}")
@@ -91,6 +95,12 @@ def test_a_second_rank_goes_out_beside_one_out_and_training_stays_exact(tmp_path
     sizes = [json.loads(line)["batch_sizes"] for line in open(multi / "updates.jsonl")]
     both = [u for u, s in enumerate(sizes) if s[2] == 0 and s[3] == 0]
     assert both and all(sizes[u - 1][3] == 0 and sizes[u - 1][2] > 0 for u in both[:1]), sizes  # 3 was out first
+    # Horovod initialised again for the new set is logged apart from the step (its gap feeds the
+    # fits): until 2026-11-27 it was rank 0's gap, 36 s at 8 ranks with four at 0.03 of a core,
+    # and a fit of 44 ms per sample (0.4 before) brought the ranks out back
+    zero = json.load(open(multi / "ranks.json"))["ranks"][0]
+    made = both[0]
+    assert zero["catch_up"][made] > 0 and zero["gap"][made] < zero["catch_up"][made], (zero["gap"], zero["catch_up"])
     diff = max_relative_difference(torch.load(tmp_path / "multi.pt", weights_only=True), single)
     print(f"a second rank out beside one out: max relative difference {diff:.3e}")
     assert diff <= 1e-10

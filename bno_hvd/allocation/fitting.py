@@ -122,8 +122,8 @@ def solve_equal_finish(a, c, total: float, caps=None, offsets=None) -> list[floa
         if free.any():
             b = sizes(t_lo)
         else:  # every rank held at 1 (a global batch of one sample per rank): 0 / 0 above
-            b, t_lo = np.ones(n), float(step_time(a, c, np.ones(n), None, o).max())
-            t_hi = t_lo
+            b = np.ones(n)
+            t_lo = t_hi = float(step_time(a, c, b, None, o).max())
     else:  # sum(sizes(T)) is continuous and non-decreasing in T: bracket the root, then bisect
         t_lo = float(step_time(a, c, np.ones(n), caps, o).min())
         t_hi = float(step_time(a, c, np.full(n, float(total)), caps, o).max())

@@ -91,8 +91,8 @@ class Training:
         hvd, model, opt, bal, hooks = world.hvd, run.model, run.optimizer, run.balancer, run.hooks
         # -- this rank's step: forward, weighted loss, backward ------------------------
         t = time.perf_counter()
-        if self.sit_out.begin(bal.batch_sizes):  # a rank that sat out got the current state:
-            bal.timer.done(catch_up=time.perf_counter() - t)  # that transfer (or new set) is logged apart from the step
+        if self.sit_out.begin(bal.batch_sizes):  # a state sent or received, or a new process set made:
+            bal.timer.done(catch_up=time.perf_counter() - t)  # logged apart from the step
         step = bal.start_step(batch)  # checks the batch; weight = n_rank / sum(n)
         computes = step.size > 0  # a rank with 0 samples sits this update out
         hooks.before_compute(step)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from bno_hvd.cli.simulate import simulate as simulate_command
 from bno_hvd.common.errors import UsageError
 from bno_hvd.lab import profiles as real_profiles
-from bno_hvd.lab.sim.calibration import step_noise
+from bno_hvd.lab.sim.calibration import STEP_CPU, measured_step, step_noise
 from bno_hvd.lab.sim.cfs import Quota
 from bno_hvd.lab.sim.engine import Windows, simulate
 from bno_hvd.lab.sim.machine import Machine, SimProfile
@@ -104,6 +104,15 @@ def test_step_noise_is_read_from_the_recorded_updates(tmp_path):
     (d / "balanced-updates.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     q = step_noise([str(tmp_path)], quantiles=5)
     assert q[:4] == [0.0] * 4 and q[4] == pytest.approx(0.2)  # one update in five was 20% slower
+
+
+def test_the_optimizer_step_is_the_measured_one_and_the_fitted_rest_goes_to_the_allreduce():
+    fitted = replace(Machine.load(), sync_cpu=3e-3, step_cpu=4e-3)  # what the fit suites gave
+    moved = measured_step(fitted)
+    assert moved.step_cpu == STEP_CPU
+    assert moved.sync_cpu + moved.step_cpu == pytest.approx(7e-3)  # the sync phase's CPU is what was fitted
+    committed = Machine.load()
+    assert committed.step_cpu == STEP_CPU and committed.sync_cpu == pytest.approx(6.4e-3)
 
 
 def test_simulate_writes_one_row_per_profile_with_every_strategys_rate(tmp_path):

@@ -5,8 +5,10 @@ rank does the same work, a fixed cost worth ``k`` samples per pass (``passes``: 
 a memory cap) and ``b`` samples, at its own speed ``1 / c_i``; ``k`` and ``c_i`` are fitted to the
 ranks' last ``window`` steps (:func:`fit_shape`; ranks that report one CPU limit share one ``c``).
 ``s_i`` is its part of the allreduce paid at its CPU limit ``L_i``, ``w * (1 / L_i - 1)`` beyond the
-least of them (:func:`throttle_offsets`). A rank without measurements, or whose limit rose (its
-steps are from before), counts as a typical rank (the median fit) until it is measured again.
+least of them (:func:`throttle_offsets`), and no less than what of the slowest part starts after
+the last arrival: waiting buys back one CFS period's budget (:func:`~.fitting.in_set`). A rank
+without measurements, or whose limit rose (its steps are from before), counts as a typical rank
+(the median fit) until it is measured again.
 
 **One rule.** Take the split the model predicts fastest - every rank finishing together
 (:func:`~.fitting.solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
@@ -27,7 +29,7 @@ import numpy as np
 
 from bno_hvd.allocation.fitting import fit_shape, predicted_step, split_without
 from bno_hvd.allocation.metrics import ClusterMetrics
-from bno_hvd.allocation.offsets import fmt_limit, in_ms, throttle_offsets
+from bno_hvd.allocation.offsets import beyond_budget, fmt_limit, in_ms, throttle_offsets
 from bno_hvd.allocation.sitting import SitOuts
 from bno_hvd.allocation.strategy import Strategy
 from bno_hvd.common.errors import UsageError
@@ -91,7 +93,7 @@ class EqualFinishStrategy(Strategy):
             return list(current)
         a, c = np.where(known, a, np.median(a[known])), np.where(known, c, np.median(c[known]))
         offsets = self._offsets(metrics)
-        model = (a, c, metrics.max_batch, offsets)
+        model = (a, c, metrics.max_batch, offsets, beyond_budget(offsets, metrics.cpu_limit, metrics.cpu_period))
         self.last_model = in_ms({"fixed_ms": a, "per_sample_ms": c, "throttle_ms": offsets})
         for key in ("cpu_share", "cpu_per_wall"):
             self.last_model[key] = [None if x is None else round(float(x), 3) for x in getattr(metrics, key)]

@@ -39,19 +39,32 @@ def step_time(a, c, b, caps=None, offsets=None) -> np.ndarray:
     return np.asarray(a) * passes(b, caps) + np.asarray(c) * b + (0.0 if offsets is None else np.asarray(offsets))
 
 
+def in_set(model, inside) -> tuple:
+    """``(a, c, caps, offsets)`` for the ranks ``inside`` (a mask) under ``model = (a, c, caps,
+    offsets[, beyond])``: a rank's part of the allreduce can start early only by what waiting buys
+    back (``beyond``: :func:`~.offsets.beyond_budget`), so no offset is less than the largest
+    ``beyond`` of the ranks inside: that much of the slowest part runs after the last arrival."""
+    a, c, caps, offsets, *rest = model
+    if not rest or rest[0] is None:
+        return a, c, caps, offsets
+    floor = max([0.0, *np.asarray(rest[0], dtype=float)[np.asarray(inside, dtype=bool)].tolist()])
+    return a, c, caps, np.maximum(np.asarray(offsets, dtype=float), floor)
+
+
 def predicted_step(model, sizes) -> float:
-    """A split's predicted step: its slowest rank's time under ``model = (a, c, caps, offsets)``
-    (a rank with 0 samples sits the update out: it takes no time)."""
-    times = step_time(*model[:2], sizes, *model[2:])
+    """A split's predicted step: its slowest rank's time under ``model = (a, c, caps, offsets[,
+    beyond])`` (a rank with 0 samples sits the update out: it takes no time)."""
+    now = in_set(model, np.asarray(sizes) > 0)
+    times = step_time(*now[:2], sizes, *now[2:])
     return float(np.max(times[np.asarray(sizes) > 0]))
 
 
 def split_without(model, out, total: int) -> list[int]:
     """``total`` samples split over every rank not in ``out`` (a rank or a collection of ranks,
-    which get 0) so that they finish together under ``model = (a, c, caps, offsets)``."""
-    a, c, caps, offsets = model
-    keep = np.ones(len(a), dtype=bool)
+    which get 0) so that they finish together under ``model = (a, c, caps, offsets[, beyond])``."""
+    keep = np.ones(len(model[0]), dtype=bool)
     keep[[int(out)] if np.isscalar(out) else sorted(out)] = False
+    a, c, caps, offsets = in_set(model, keep)
     cap = None if caps is None else [x for x, k in zip(caps, keep) if k]
     kept = (np.asarray(a)[keep], np.asarray(c)[keep], cap, np.asarray(offsets)[keep])
     sizes = np.zeros(len(a), dtype=int)

@@ -33,6 +33,7 @@ from bno_hvd.common.parsing import (
     BATCH,
     CAP,
     CPU_LIMIT,
+    CPU_PERIOD,
     CPU_SECONDS,
     LATENCY,
     MEMORY,
@@ -67,6 +68,7 @@ class ClusterMetrics:
     sync_samples: list = field(default_factory=list)  # per rank [(update, sync seconds), ...]
     sync_cpu: list = field(default_factory=list)  # per rank CPU seconds of one sync phase, None = unknown
     cpu_limit: list = field(default_factory=list)  # per rank CPU limit in cores (cgroup quota), None = none
+    cpu_period: list = field(default_factory=list)  # per rank CFS period of that limit in seconds, None = unknown
     cycle_samples: list = field(default_factory=list)  # per rank [(update, seconds of the whole update), ...]
     cpu_share: list = field(default_factory=list)  # per rank time on a CPU / runnable time, None = unknown
     cpu_per_wall: list = field(default_factory=list)  # per rank CPU seconds per wall second, None = unknown
@@ -83,6 +85,8 @@ class ClusterMetrics:
             self.sync_cpu = [None] * self.n
         if len(self.cpu_limit) == 0:
             self.cpu_limit = [None] * self.n
+        if len(self.cpu_period) == 0:
+            self.cpu_period = [None] * self.n
         if len(self.cycle_samples) == 0:
             self.cycle_samples = [[] for _ in range(self.n)]
         if len(self.cpu_share) == 0:
@@ -114,7 +118,7 @@ class ClusterMetrics:
         n = self.n
         if n < 1:
             raise UsageError("metrics: 'ops' is empty; give one value per rank")
-        for name in ("memory_used", "compute_samples", "max_batch", "sync_cpu", "cpu_limit"):
+        for name in ("memory_used", "compute_samples", "max_batch", "sync_cpu", "cpu_limit", "cpu_period"):
             got = len(getattr(self, name))
             if got != n:
                 raise UsageError(f"metrics: '{name}' has {got} entries but 'ops' has {n}; give one per rank")
@@ -134,7 +138,7 @@ class ClusterMetrics:
                 raise UsageError(
                     f"metrics: max_batch[{i}] is {show_value(cap)}; use an integer {CAP.describe()} or null (no cap)"
                 )
-        for name, bounds in (("sync_cpu", CPU_SECONDS), ("cpu_limit", CPU_LIMIT)):
+        for name, bounds in (("sync_cpu", CPU_SECONDS), ("cpu_limit", CPU_LIMIT), ("cpu_period", CPU_PERIOD)):
             for i, x in enumerate(getattr(self, name)):
                 if x is not None and (isinstance(x, bool) or not bounds.contains(as_float(x))):
                     raise UsageError(f"metrics: {name}[{i}] is {show_value(x)}; use {bounds.describe()} or null")

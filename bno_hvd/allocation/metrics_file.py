@@ -9,7 +9,8 @@ Format (one entry per rank, index = rank)::
      "max_batch": [null, 64, null],         # optional: per-rank batch cap
      "compute_samples": [[[32, 0.21]], ...], # optional: per-rank (batch, seconds) pairs
      "sync_cpu": [0.004, 0.004, 0.005],     # optional: CPU seconds of one sync phase; null = unknown
-     "cpu_limit": [null, 0.5, 0.17]}        # optional: the rank's cgroup CPU limit in cores; null = none
+     "cpu_limit": [null, 0.5, 0.17],        # optional: the rank's cgroup CPU limit in cores; null = none
+     "cpu_period": [null, 0.1, 0.1]}        # optional: that limit's CFS period in seconds; null = unknown
 
 Every problem becomes one :class:`UsageError` line that names the file and the field. The file
 is read by :func:`bno_hvd.common.parsing.read_json` (binary, deeply nested or huge files are refused
@@ -32,7 +33,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import as_float, read_json, show_path, show_value
 
 REQUIRED = ("ops", "memory_used", "latency")
-OPTIONAL = ("max_batch", "compute_samples", "sync_cpu", "cpu_limit")
+OPTIONAL = ("max_batch", "compute_samples", "sync_cpu", "cpu_limit", "cpu_period")
 
 
 def load_metrics_file(path) -> ClusterMetrics:
@@ -61,7 +62,7 @@ def metrics_to_json(metrics: ClusterMetrics) -> dict:
         out["max_batch"] = [None if cap is None else int(cap) for cap in metrics.max_batch]
     if any(len(s) for s in metrics.compute_samples):
         out["compute_samples"] = [[[int(b), float(t)] for b, t in s] for s in metrics.compute_samples]
-    for key in ("sync_cpu", "cpu_limit"):
+    for key in ("sync_cpu", "cpu_limit", "cpu_period"):
         values = getattr(metrics, key)
         if any(x is not None for x in values):
             out[key] = [None if x is None else float(x) for x in values]
@@ -91,7 +92,7 @@ def _parse(data) -> ClusterMetrics:
         kwargs["max_batch"] = [None if c is None else _int(f"max_batch[{i}]", c) for i, c in enumerate(caps)]
     if data.get("compute_samples") is not None:
         kwargs["compute_samples"] = _samples(data["compute_samples"], n)
-    for key in ("sync_cpu", "cpu_limit"):  # ranges: ClusterMetrics.validate()
+    for key in ("sync_cpu", "cpu_limit", "cpu_period"):  # ranges: ClusterMetrics.validate()
         if data.get(key) is not None:
             kwargs[key] = _numbers(key, data[key], allow_null=True)
             _expect_len(key, kwargs[key], n)

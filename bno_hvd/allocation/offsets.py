@@ -42,6 +42,18 @@ def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
     return need - need.min()
 
 
+def beyond_budget(offsets, cpu_limit, cpu_period) -> np.ndarray:
+    """Seconds of each rank's charge (``offsets``, :func:`throttle_offsets`) that waiting cannot buy
+    back: a rank that waits for the others saves at most one CFS period's budget, ``L * P`` CPU
+    seconds, which then run at a full core's speed, ``P * (1 - L)`` seconds sooner. The rest of its
+    part starts when the last rank arrives. -inf where the period is not known."""
+    out = np.full(len(offsets), -np.inf)
+    for i, (limit, period) in enumerate(zip(cpu_limit, cpu_period)):
+        if limit is not None and 0 < limit < 1 and period is not None:
+            out[i] = offsets[i] - period * (1.0 - limit)
+    return out
+
+
 def in_ms(parts: dict) -> dict:
     """Per-rank seconds -> rounded milliseconds (None where unknown), for a JSON log line."""
     return {k: [round(float(v) * 1000, 3) if math.isfinite(v) else None for v in vs] for k, vs in parts.items()}

@@ -188,7 +188,7 @@ class SitOuts:
 
     def _predicted(self, model, out, global_batch, threshold) -> str | None:
         """The k ranks slowest at one sample sit out, for the k predicted fastest (see the module doc)."""
-        one = step_time(*model[:2], np.ones(len(model[0])), *model[2:])
+        one = step_time(*model[:2], np.ones(len(model[0])), *model[2:4])
         rest = sorted((i for i in range(1, len(one)) if i not in out), key=lambda i: (-one[i], -i))
         room = len(rest) if self.most is None else min(max(self.most - len(out), 0), len(rest))
         now = split_without(model, out, global_batch)

@@ -60,6 +60,7 @@ LATENCY = Range(0, 60.0, "seconds")  # one measured round trip
 STEP_SECONDS = Range(1e-6, 86400.0, "seconds")  # one measured compute phase
 CPU_SECONDS = Range(0, 86400.0, "CPU seconds")  # CPU one rank spent in one sync phase
 CPU_LIMIT = Range(1e-3, 1e6, "cores")  # a cgroup's CPU limit (quota / period)
+CPU_PERIOD = Range(1e-3, 1.0, "seconds")  # its CFS period (cgroup v1 and v2 allow 1 ms to 1 s)
 
 
 def parse_int_list(text: str | None, flag: str, bounds: Range = BATCH) -> tuple[int, ...] | None:

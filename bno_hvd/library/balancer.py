@@ -265,6 +265,7 @@ class Balancer(SamplerFace):
             sync_samples=list(self.timer.syncs),
             sync_cpu=self.timer.sync_cpu(),
             cpu_limit=self.limit.read(self.timer.cpu_use),
+            cpu_period=self.limit.period,
             cycle_samples=list(self.timer.cycles),
             cpu_share=self.timer.cpu_share(),
             cpu_per_wall=self.timer.cpu_per_wall(),

@@ -41,6 +41,13 @@ def cpu_limit(mounts: str | None = None, own: str | None = None) -> float | None
     ``--cpu-quota``. cgroup v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and v2 (``cpu.max``).
     Read at every rebalance, so a quota that changes during the run is seen. Never raises: None
     when nothing can be read."""
+    found = cpu_bandwidth(mounts, own)
+    return None if found is None else found[0]
+
+
+def cpu_bandwidth(mounts: str | None = None, own: str | None = None) -> tuple[float, float] | None:
+    """``(limit in cores, its CFS period in seconds)`` of the smallest limit (:func:`cpu_limit`),
+    or None. The period is how long a budget lasts: a rank that waits saves at most one."""
     try:
         mounts = mounts if mounts is not None else read_text("/proc/self/mounts")
         own = own if own is not None else read_text("/proc/self/cgroup")
@@ -60,8 +67,8 @@ def cpu_limit(mounts: str | None = None, own: str | None = None) -> float | None
     return min(limits) if limits else None
 
 
-def _limit_in(folder: str, version: int) -> float | None:
-    """The limit one cgroup directory sets (cores), None for "max", -1 or an unreadable file."""
+def _limit_in(folder: str, version: int) -> tuple[float, float] | None:
+    """``(cores, period in seconds)`` one cgroup directory sets, None for "max", -1 or an unreadable file."""
     try:
         if version == 1:
             quota = int(read_text(os.path.join(folder, "cpu.cfs_quota_us")).strip())
@@ -73,7 +80,7 @@ def _limit_in(folder: str, version: int) -> float | None:
             quota, period = int(text[0]), int(text[1])
     except (OSError, ValueError, IndexError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
+    return (quota / period, period / 1e6) if quota > 0 and period > 0 else None
 
 
 def cgroup_line(line: str) -> tuple[str, str]:
@@ -105,18 +112,22 @@ class BindingLimit:
 
         binding = BindingLimit()
         limit = binding.read(timer.cpu_use)   # at every rebalance; None: none that binds
+        binding.period                        # its CFS period in seconds (None: none that binds)
     """
 
-    def __init__(self, read_limit=cpu_limit):
-        self.read_limit = read_limit
+    def __init__(self, read_limit=cpu_bandwidth):
+        self.read_limit = read_limit  # () -> cores, (cores, CFS period in seconds) or None
         self.bound: float | None = None  # the limit this rank last ran into (kept while it stays)
+        self.period: float | None = None  # its CFS period in seconds, where the reader knows it
 
     def read(self, cpu_use) -> float | None:
         """``cpu_use``: (CPU seconds, wall seconds) of recent updates."""
-        limit = self.read_limit()
+        found = self.read_limit()
+        limit, period = found if isinstance(found, tuple) else (found, None)
         if limit is None or limit != self.bound:
             self.bound = None
         cpu, wall = (sum(x) for x in zip(*cpu_use)) if cpu_use else (0.0, 0.0)
         if limit is not None and wall > 0 and cpu / wall >= 0.5 * limit:
             self.bound = limit
+        self.period = period if self.bound is not None else None
         return self.bound

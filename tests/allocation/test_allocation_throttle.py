@@ -10,7 +10,8 @@ import pytest
 
 from bno_hvd.allocation import ClusterMetrics, make_strategy
 from bno_hvd.allocation.balanced import EqualFinishStrategy
-from bno_hvd.allocation.offsets import throttle_offsets
+from bno_hvd.allocation.fitting import predicted_step, split_without
+from bno_hvd.allocation.offsets import beyond_budget, throttle_offsets
 
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
 MS = 1e-3
@@ -69,6 +70,23 @@ def test_throttle_offsets_charge_the_sync_cpu_at_the_limits_rate():
     assert off[3] == pytest.approx(15 * MS * (1 / 0.1 - 1) - 15 * MS * (1 / 0.3 - 1)) and off[0] == 0.0
     # equal limits charge equally, so they change no split
     assert np.ptp(throttle_offsets([4 * MS] * 4, [0.5] * 4)) == 0.0
+
+
+def test_a_rank_that_waits_buys_back_at_most_one_period_of_its_charge():
+    limits = [0.6, 0.6, 0.2, 0.2]
+    off = throttle_offsets([6 * MS] * 4, limits)  # 6 ms of CPU: 24 ms at 0.2 of a core, 4 ms at 0.6
+    a, c = np.zeros(4), np.array([1.0, 1.0, 3.0, 3.0]) * 0.4 * MS
+    short, long = ((a, c, None, off, beyond_budget(off, limits, [p] * 4)) for p in (5 * MS, 100 * MS))
+    at_short, at_long = split_without(short, (), 128), split_without(long, (), 128)
+    # a 100 ms budget covers the slow ranks' whole charge: they start their part early, as before
+    assert at_long == split_without((a, c, None, off), (), 128)
+    # a 5 ms one buys back 4 ms of their 20: the rest starts after the last arrival, so arriving
+    # earlier than that is waiting; they get more samples, and the update is predicted as it runs
+    assert at_short[2] > at_long[2] and sum(at_short) == 128
+    assert predicted_step(short, at_short) < predicted_step(short, at_long)
+    # a rank that sits out takes its whole part with it
+    assert predicted_step(short, [64, 64, 0, 0]) == pytest.approx(64 * 0.4 * MS)
+    assert split_without(short, (2, 3), 128) == [64, 64, 0, 0]
 
 
 class ComputeOnly(EqualFinishStrategy):

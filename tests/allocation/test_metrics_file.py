@@ -53,12 +53,13 @@ def test_round_trip_with_optional_fields(tmp_path):
         max_batch=[None, 64],
         sync_cpu=[0.004, None],
         cpu_limit=[None, 0.17],
+        cpu_period=[None, 0.01],
     )
     back = load_metrics_file(write(tmp_path, metrics_to_json(m)))
     assert metrics_to_json(back) == metrics_to_json(m)
     assert back.ops == [10.0, None] and back.max_batch == [None, 64]
     assert back.compute_samples == [[(16, 0.5)], []]
-    assert back.sync_cpu == [0.004, None] and back.cpu_limit == [None, 0.17]
+    assert back.sync_cpu == [0.004, None] and back.cpu_limit == [None, 0.17] and back.cpu_period == [None, 0.01]
 
 
 def test_small_asymmetry_within_tolerance_is_accepted(tmp_path):
@@ -123,6 +124,7 @@ BAD = [
     ("sync_cpu length", with_(sync_cpu=[0.004]), "'sync_cpu' has 1 entries"),
     ("cpu_limit zero", with_(cpu_limit=[None, 0, None, None]), "cpu_limit[1] is 0"),
     ("cpu_limit string", with_(cpu_limit=[None, "half", None, None]), 'cpu_limit[1] is "half"'),
+    ("cpu_period over 1 s", with_(cpu_period=[None, 2.0, None, None]), "cpu_period[1] is 2"),
 ]
 
 

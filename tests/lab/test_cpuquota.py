@@ -19,7 +19,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import RankSchedule
 from bno_hvd.lab.cpuquota import CgroupPlace, CpuQuotaGroup, find_place, period_for
 from bno_hvd.lab.heterogeneity import describe, label
-from bno_hvd.processes.cpulimit import cpu_limit
+from bno_hvd.processes.cpulimit import cpu_bandwidth, cpu_limit
 from bno_hvd.training.results import steps_from_json
 
 QUOTAS = "0.3,0.3,0.3,0.1"  # 1 core in all: the quotas, not the 2 cores, decide (also on a busy machine)
@@ -67,6 +67,9 @@ def test_the_cpu_limit_is_the_smallest_on_the_way_to_the_root(tmp_path):
     assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/pod/ours\n") == pytest.approx(0.17)
     assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/pod\n") == pytest.approx(0.5)
     assert cpu_limit(mounts=v1, own="3:cpu,cpuacct:/\n") is None  # no limit anywhere
+    # with the smallest limit, its CFS period (how long one budget lasts)
+    assert cpu_bandwidth(mounts=v1, own="3:cpu,cpuacct:/pod/ours\n") == pytest.approx((0.17, 0.01))
+    assert cpu_bandwidth(mounts=v1, own="3:cpu,cpuacct:/pod\n") == pytest.approx((0.5, 0.1))
     # v2: "max" is no limit; a parent's 1.5 cores is above the child's 0.25
     (tmp_path / "v2" / "kube" / "c1").mkdir(parents=True)
     (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")

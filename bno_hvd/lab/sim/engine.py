@@ -48,8 +48,8 @@ class Windows:
 
     FIELDS = ("batch", "local", "sync", "sync_cpu", "cpu", "wall", "runnable")
 
-    def __init__(self, n: int, window: int, updates: int):
-        self.n, self.window = n, window
+    def __init__(self, n: int, window: int, updates: int, period: float = 0.01):
+        self.n, self.window, self.period = n, window, period
         self.rows = np.zeros((len(self.FIELDS), updates, n))
         self.took_part = np.zeros((updates, n), bool)
         self.bound = [None] * n  # the limit each rank last ran into (BindingLimit)
@@ -100,6 +100,7 @@ class Windows:
             sync_samples=syncs,
             sync_cpu=med,
             cpu_limit=limit_seen,
+            cpu_period=[None if x is None else self.period for x in limit_seen],
             cycle_samples=cycles,
             cpu_share=share,
             cpu_per_wall=per_wall,
@@ -164,7 +165,7 @@ def simulate(
     limits, schedule = np.array(profile.limits, float), {int(u): (lim, b) for u, lim, b in profile.schedule}
     strategy = build_strategy(spec, profile, seed) if isinstance(spec, str) else spec
     sizes = np.array(strategy.initial() if hasattr(strategy, "rebalance") else spec)
-    windows = Windows(n, window, updates)
+    windows = Windows(n, window, updates, profile.period_ms / 1e3)
     busy = np.asarray(profile.busy, float)
     speed = np.asarray(profile.speed, float)
     seconds, samples, splits = np.zeros(updates), np.zeros(updates), [sizes.tolist()]

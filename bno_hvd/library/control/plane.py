@@ -32,6 +32,7 @@ class RankReport:
     sync_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, sync seconds), recent updates
     sync_cpu: float | None = None  # median CPU seconds of its recent sync phases
     cpu_limit: float | None = None  # its cgroup's CPU limit in cores (None: none)
+    cpu_period: float | None = None  # that limit's CFS period in seconds (None: no limit)
     cycle_samples: list[tuple[int, float]] = field(default_factory=list)  # (update, its whole update's seconds)
     cpu_share: float | None = None  # its time on a CPU over its runnable time (StepTimer.cpu_share)
     cpu_per_wall: float | None = None  # its CPU seconds per wall second (StepTimer.cpu_per_wall)
@@ -63,6 +64,7 @@ def reports_to_metrics(reports: list[RankReport]) -> ClusterMetrics:
         sync_samples=[list(r.sync_samples) for r in reports],
         sync_cpu=[r.sync_cpu for r in reports],
         cpu_limit=[r.cpu_limit for r in reports],
+        cpu_period=[r.cpu_period for r in reports],
         cycle_samples=[list(r.cycle_samples) for r in reports],
         cpu_share=[r.cpu_share for r in reports],
         cpu_per_wall=[r.cpu_per_wall for r in reports],

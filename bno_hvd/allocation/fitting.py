@@ -47,7 +47,7 @@ def in_set(model, inside) -> tuple:
     a, c, caps, offsets, *rest = model
     if not rest or rest[0] is None:
         return a, c, caps, offsets
-    floor = max([0.0, *np.asarray(rest[0], dtype=float)[np.asarray(inside, dtype=bool)].tolist()])
+    floor = float(np.max(np.asarray(rest[0], dtype=float)[np.asarray(inside, dtype=bool)], initial=0.0))
     return a, c, caps, np.maximum(np.asarray(offsets, dtype=float), floor)
 
 

@@ -84,7 +84,10 @@ def starved(metrics: ClusterMetrics, share: float, out=()) -> int | None:
     got = np.array([np.nan if metrics.cpu_share[i] is None else float(metrics.cpu_share[i]) for i in live])
     if share <= 0 or got.size < 2 or not np.isfinite(got).all() or (got <= 0).all():
         return None
-    r = live[1 + int(np.argmin(got[1:]))]
+    free = [j for j in range(1, len(live)) if metrics.cpu_limit[live[j]] is None]  # (a limit is charged)
+    if not free:
+        return None
+    r = live[min(free, key=lambda j: got[j])]
     if share_of_others(metrics.cpu_share, r, out) >= share:
         return None
     per_wall = [metrics.cpu_per_wall[i] for i in live]

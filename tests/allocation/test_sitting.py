@@ -97,12 +97,11 @@ def test_a_rank_back_that_no_longer_slows_the_updates_stays_and_is_not_tried_aga
 
 
 def test_a_rank_whose_limit_rose_is_measured_at_its_share_not_tried_out():
-    # rank 3 is tried out and stays out (its cost is in the allreduce); at rebalance 3 its limit
-    # rises while it is out, and (its share still looks starved) at rebalance 4 it is not tried
-    # out again: it is back at a typical share to be measured, and then no trial for a while
-    history, notes = run(
-        sitting_out(), 8, HIDDEN, STARVED, until=3, limits=lambda k: [None] * 3 + [0.1 if k < 3 else 0.5]
-    )
+    # rank 3 is tried out and stays out (its cost is in the allreduce); a limit of 0.1 of a core is
+    # set on it while it is out, which rises at rebalance 3, and (its share still looks starved) at
+    # rebalance 4 it is not tried out again: it is back at a typical share to be measured
+    limits = [None, None, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5]
+    history, notes = run(sitting_out(), 8, HIDDEN, STARVED, until=3, limits=lambda k: [None] * 3 + [limits[k]])
     assert [h[3] == 0 for h in history[1:4]] == [True] * 3, history
     assert history[4][3] >= 30 and notes[3].startswith("rank 3 is back: its CPU limit rose"), (history, notes)
     assert all(h[3] > 0 for h in history[4:]), history
@@ -150,6 +149,12 @@ def test_measurements_of_the_updates_a_rank_sat_out():
     # both shares must agree where both are known (the run-queue share alone tried an unthrottled rank out)
     metrics.cpu_share, metrics.cpu_per_wall = [0.3, 0.3, 0.1, 0.29], [0.5, 0.5, 0.1, 0.5]
     assert starved(metrics, 0.5) == 2
+    # a rank whose CPU limit binds is starved by it, and the model charges it already: never tried
+    metrics.cpu_limit = [None, None, 0.12, None]
+    assert starved(metrics, 0.5) is None
+    metrics.cpu_share, metrics.cpu_per_wall = [0.3, 0.3, 0.1, 0.12], [0.5, 0.5, 0.1, 0.2]
+    assert starved(metrics, 0.5) == 3  # the starved rank with no limit is, against every rank's share
+    metrics.cpu_limit = [None] * 4
     metrics.cpu_per_wall = [0.5, 0.5, 0.4, 0.5]  # its threads queued, but it used as much CPU per second
     assert starved(metrics, 0.5) is None
     # logged under load: two unthrottled ranks on MPI, whose yielding waits are always runnable

@@ -264,7 +264,7 @@ class Balancer(SamplerFace):
             warnings=self.warnings.drain() if self.rank != 0 else [],
             sync_samples=list(self.timer.syncs),
             sync_cpu=self.timer.sync_cpu(),
-            cpu_limit=self.limit.read(self.timer.cpu_use),
+            cpu_limit=self.limit.read(self.timer.compute_use),
             cpu_period=self.limit.period,
             cycle_samples=list(self.timer.cycles),
             cpu_share=self.timer.cpu_share(),

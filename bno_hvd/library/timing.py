@@ -102,6 +102,7 @@ class StepTimer:
         self.syncs: deque[tuple[int, float]] = deque(maxlen=window)  # (update, sync seconds)
         self.sync_cpus: deque[float] = deque(maxlen=window)  # CPU seconds of each sync phase
         self.cpu_use: deque[tuple[float, float]] = deque(maxlen=window)  # (CPU s, wall s) of each update
+        self.compute_use: deque[tuple[float, float]] = deque(maxlen=window)  # ... of its compute phase
         self.idles: deque[float] = deque(maxlen=window)  # ... of its wall s, waiting on the device (idle)
         self.runs: deque[tuple[float, float]] = deque(maxlen=window)  # (s on a CPU, s runnable waiting for one)
         self._queue = RunQueue() if schedstat else None
@@ -167,6 +168,7 @@ class StepTimer:
         self.syncs.append((update, stats.sync_seconds))
         self.sync_cpus.append(stats.cpu_sync_seconds)
         self.cpu_use.append((stats.cpu_seconds, now - self._t0))  # a device wait binds no CPU limit
+        self.compute_use.append((self._cpu_compute - self._cpu0, stats.compute_seconds))
         self.idles.append(min(self._idle, now - self._t0))
         self.cycles.append((update, self._gap + now - self._t0))
         if ran is not None:
@@ -179,6 +181,7 @@ class StepTimer:
         self.syncs.clear()
         self.sync_cpus.clear()
         self.cpu_use.clear()
+        self.compute_use.clear()
         self.idles.clear()
         self.runs.clear()
         if self._queue:

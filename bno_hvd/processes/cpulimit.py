@@ -99,9 +99,12 @@ def read_text(path: str, default: str | None = None) -> str:
 
 
 class BindingLimit:
-    """This rank's CPU limit (cores) where it binds: the rank used at least half of it over its
-    recent updates. A limit the rank does not run into (a GPU rank waiting on its device) says
-    nothing about how fast it does its part of the allreduce.
+    """This rank's CPU limit (cores) where it binds: the rank used at least half of it in its
+    recent compute phases. A limit the rank does not run into (a GPU rank waiting on its device)
+    says nothing about how fast it does its part of the allreduce. Its compute, not its whole
+    update: a rank that waits for slower ones in the allreduce (asleep on Gloo) used less than
+    half of its limit over the update while its compute ran into it (seen: four ranks at 0.2 of a
+    core beside four out, fitted apart for 15 intervals because two of them read no limit).
 
     Once a limit has bound it counts until it changes: a throttled rank that ``balanced`` then
     gives a few samples waits for the others most of an update and uses less than half of it,
@@ -111,7 +114,7 @@ class BindingLimit:
     Usage::
 
         binding = BindingLimit()
-        limit = binding.read(timer.cpu_use)   # at every rebalance; None: none that binds
+        limit = binding.read(timer.compute_use)   # at every rebalance; None: none that binds
         binding.period                        # its CFS period in seconds (None: none that binds)
     """
 
@@ -121,7 +124,7 @@ class BindingLimit:
         self.period: float | None = None  # its CFS period in seconds, where the reader knows it
 
     def read(self, cpu_use) -> float | None:
-        """``cpu_use``: (CPU seconds, wall seconds) of recent updates."""
+        """``cpu_use``: (CPU seconds, wall seconds) of recent compute phases."""
         found = self.read_limit()
         limit, period = found if isinstance(found, tuple) else (found, None)
         if limit is None or limit != self.bound:

@@ -53,13 +53,14 @@ def test_the_metrics_are_what_a_real_job_reports():
     for u in range(6):
         inside = np.array([True, True, u < 3])  # rank 2 sits out from update 3
         w.add(u, inside, [np.array([5, 6, 7]), np.full(3, 0.1), np.full(3, 0.02), np.full(3, 0.004)]
-              + [np.full(3, 0.05), np.full(3, 0.12), np.full(3, 0.1)])  # fmt: skip
+              + [np.full(3, 0.05), np.full(3, 0.12), np.full(3, 0.1), np.array([0.05, 0.05, 0.005])])  # fmt: skip
     m = w.metrics(6, np.array([0.4, np.inf, 0.2]), [0, 8, 0])
     assert m.compute_samples[0] == [(5, 0.1)] * 4 and m.compute_samples[2] == [(7, 0.1)] * 3  # window 4
     assert [u for u, _ in m.sync_samples[0]] == [2, 3, 4, 5] and [u for u, _ in m.sync_samples[2]] == [0, 1, 2]
     assert m.ops[1] == pytest.approx(60) and m.max_batch == [None, 8, None]
-    # a limit is reported where the rank used at least half of it (0.05 / 0.12 = 0.42 >= 0.2, not >= 0.4 * 2)
-    assert m.cpu_limit == [0.4, None, 0.2] and m.cpu_share[0] == pytest.approx(0.5)
+    # a limit is reported where the rank's compute used at least half of it: rank 0's compute 0.05 CPU s
+    # in 0.1 s (>= 0.2), rank 2's 0.005 (not >= 0.1; over the whole update it would: 0.05 / 0.12)
+    assert m.cpu_limit == [0.4, None, None] and m.cpu_share[0] == pytest.approx(0.5)
     w.forget(np.array([False, False, True]))
     assert w.metrics(6, np.array([0.4, np.inf, 0.2]), [0] * 3).compute_samples[2] == []
 

@@ -47,6 +47,24 @@ def test_a_cpu_limit_counts_once_it_binds_and_until_it_changes():
     assert binding.read([(0.9, 1.0)]) is None  # no limit at all
 
 
+def test_a_limit_binds_by_the_compute_phase_not_by_the_waits_in_the_allreduce():
+    # a rank whose compute runs into its limit, then waits asleep for slower ranks in the allreduce:
+    # over the whole update it used little of the CPU, but its compute ran on it all the time
+    timer = StepTimer(window=4, schedstat=False)
+    for update in range(2):
+        timer.start()
+        began = time.process_time()
+        while time.process_time() - began < 0.02:  # compute: on a CPU all the time
+            pass
+        timer.end_compute(batch=8)
+        time.sleep(0.2)  # the allreduce: waiting for the others
+        timer.end(update=update, batch_sizes=[8])
+    whole_cpu, whole_wall = (sum(x) for x in zip(*timer.cpu_use))
+    assert whole_cpu / whole_wall < 0.15 and len(timer.compute_use) == 2
+    assert BindingLimit(read_limit=lambda: 0.3).read(timer.cpu_use) is None  # the update: under half of 0.3
+    assert BindingLimit(read_limit=lambda: 0.3).read(timer.compute_use) == 0.3  # its compute: it binds
+
+
 def test_lab_flags_need_the_lab_plugin():
     assert make_plugin(TrainConfig(), 4).label == NO_HETEROGENEITY
     for flags in ({"emulate_speed": (1.0, 0.5)}, {"cpu_quota": (0.5, 0.5)}, {"inject_fault": "kill:0:3"}):

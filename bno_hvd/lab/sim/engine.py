@@ -12,7 +12,7 @@ no other rank waits for it, except at a rebalance. A rank with 0 samples sits th
 Every ``every`` updates rank 0's strategy gets what
 :class:`~bno_hvd.allocation.ClusterMetrics` holds in a real job: each rank's last ``window``
 (batch, gap + compute), (update, sync), sync CPU, whole-update times, its CPU limit where it binds
-(used at least half of it), its CPU share (run over runnable time) and CPU per wall second.
+(its compute used at least half of it), its CPU share (run over runnable time) and CPU per wall second.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Windows:
     """Each rank's recent measurements, as its StepTimer keeps them: the last ``window`` updates it
     took part in since it last came back. Stored update-major, one row per update (fast to add)."""
 
-    FIELDS = ("batch", "local", "sync", "sync_cpu", "cpu", "wall", "runnable")
+    FIELDS = ("batch", "local", "sync", "sync_cpu", "cpu", "wall", "runnable", "compute_cpu")
 
     def __init__(self, n: int, window: int, updates: int, period: float = 0.01):
         self.n, self.window, self.period = n, window, period
@@ -66,11 +66,11 @@ class Windows:
         """What rank 0 gathers at a rebalance after update ``u - 1``."""
         part = self.took_part[:u]
         recent = part & (np.cumsum(part[::-1], axis=0)[::-1] <= self.window)
-        batch, local, sync, sync_cpu, cpu, wall, runnable = self.rows[:, :u]
+        batch, local, sync, sync_cpu, cpu, wall, runnable, compute_cpu = self.rows[:, :u]
         count = recent.sum(axis=0)
         tot = {
             k: np.where(recent, v, 0.0).sum(axis=0)
-            for k, v in (("b", batch), ("t", local), ("cpu", cpu), ("wall", wall))
+            for k, v in (("b", batch), ("t", local), ("cpu", cpu), ("wall", wall), ("ccpu", compute_cpu))
         }
         ran_all = np.where(recent, runnable, 0.0).sum(axis=0)
         limit_seen, share, per_wall, med, steps, syncs, cycles, ops = [], [], [], [], [], [], [], []
@@ -85,7 +85,7 @@ class Windows:
             limit = None if not np.isfinite(limits[i]) else float(limits[i])
             if limit is None or limit != self.bound[i]:
                 self.bound[i] = None
-            if limit is not None and tot["wall"][i] > 0 and tot["cpu"][i] / tot["wall"][i] >= 0.5 * limit:
+            if limit is not None and tot["t"][i] > 0 and tot["ccpu"][i] / tot["t"][i] >= 0.5 * limit:
                 self.bound[i] = limit
             limit_seen.append(self.bound[i])
             share.append(float(tot["cpu"][i] / ran_all[i]) if count[i] and ran_all[i] > 0 else None)
@@ -195,7 +195,10 @@ def simulate(
         runnable = np.maximum((done - start) * speed + (part - last) + spun + (stepped - end), cpu)
         in_sync = spun + sync_cpu - early + machine.step_cpu  # the CPU of its sync phase
         wall = stepped - start
-        windows.add(u, inside, [sizes, done - start, stepped - done, in_sync, cpu, wall, runnable])
+        # the CPU of its compute phase, its other threads' (the tax) included, as a process's CPU time counts them
+        limited = np.where(np.isfinite(limits), limits, 0.0)
+        taxed = (limited - usable(limited, machine.tax)) * (done - start)
+        windows.add(u, inside, [sizes, done - start, stepped - done, in_sync, cpu, wall, runnable, work + taxed])
         sums += np.where(inside, [done - start, stepped - done, in_sync], 0.0)
         count += inside
         seconds[u], samples[u] = end - t, sizes.sum()

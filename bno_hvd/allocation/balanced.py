@@ -15,9 +15,9 @@ without measurements, or whose limit rose (its steps are from before), counts as
 rank 0) sitting the update out (:mod:`.sitting`) - when it is predicted to shorten the update by
 more than ``deadband`` (5%). What the model cannot see is measured: a rank with no CPU limit
 that binds and less than ``starved_share`` of the others' share of the CPU is tried out for one
-interval and stays out if the updates were faster without it. Ranks out are back at once when their limit rises; with no
-limit that binds, they are measured again after ``sit_out`` rebalances (twice as long each time
-they were right to leave).
+interval and stays out if the updates were faster without it. Ranks out are back at once when
+their limit rises; with no limit that binds, they are measured again after ``sit_out``
+rebalances (twice as long each time they were right to leave).
 Options, constants and the ablation behind each part: docs/heterogeneity.md.
 """
 

@@ -17,9 +17,9 @@ Any ranks but 0 may be out at once. Two ways in:
   (seen: a trial from the first interval's 16,16 measured 322 ms both ways; the fit's 21,11
   took 224 ms). A rank whose CPU limit binds is never tried: the model charges its limit (trials
   of ranks at 0.38 of a core beside ranks at 0.88 took 4 intervals of 11 at random-40-411 in the
-  simulator, 9% of its rate). A trial that does not pay is not repeated for ``sit_out`` rebalances, then twice
-  as long each time; nor is a rank tried within that long after it came back, nor one whose fit
-  is gone (its limit rose).
+  simulator, 9% of its rate). A trial that does not pay is not repeated for ``sit_out``
+  rebalances, then twice as long each time; nor is a rank tried within that long after it came
+  back, nor one whose fit is gone (its limit rose).
 
 A rank out stays out unless its CPU limit rose (its fit is gone), the model predicts its return
 pays (not after a measured gain: the model did not see it), or, with no limit that binds, it has

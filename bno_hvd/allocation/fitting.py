@@ -14,8 +14,6 @@ import numpy as np
 
 from bno_hvd.common.errors import UsageError
 
-SHAPE_SIGMAS = 3.0  # standard errors by which the steps must favour a new k over the last one
-
 
 def passes(b, cap):
     """Forward/backward passes a batch of ``b`` samples takes under a memory cap (None: one)."""
@@ -197,11 +195,9 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
     own group. ``k`` is the one in ``[0, most]`` that fits, with the same groups, the steps of
     every group whose sizes differ by 25% or more or whose ranks take different numbers of passes
     (least squares of each group's times over their mean): ranks at one speed under different
-    memory caps price a pass even at one size. Where no group did, or where it fits them better
-    than ``shape`` (the last one) by less than ``SHAPE_SIGMAS`` standard errors (an F test), the
-    last one stands: one size cannot tell a fixed cost from a per-sample one, two close sizes
-    under jittery steps (10 and 11 samples) gave any ``k`` from 0 to the limit, and steps of 5-8
-    samples under a 37 ms CFS period moved it between 0 and the limit from one window to the next. Every step counts: under a long
+    memory caps price a pass even at one size. Where no group did, ``shape`` (the last one) stands:
+    one size cannot tell a fixed cost from a per-sample one, and two close sizes under jittery
+    steps (10 and 11 samples) gave any ``k`` from 0 to the limit. Every step counts: under a long
     CFS period a rank's steps are bimodal (within its budget, or a whole period later), and
     dropping either mode as outliers misjudged its mean by 20x.
     Returns ``(k, c)``: ``c`` per rank (NaN: no usable step).
@@ -219,10 +215,6 @@ def fit_shape(windows, caps, window: int, most: float, shape: float = 0.0, group
         for _ in range(2):  # a coarse grid, then a fine one around its best
             k = float(grid[np.argmin(_misfit(spanning, grid))])
             grid = np.linspace(k / 1.13, min(k * 1.13, most), 41)
-        last, best = _misfit(spanning, np.array([min(float(shape), most), k]))
-        left = sum(len(b) for b, _, _ in spanning) - len(spanning) - 1  # degrees of freedom of the fit
-        if left <= 0 or (last - best) * left <= SHAPE_SIGMAS**2 * best:
-            k = float(shape)  # (an F test: the steps do not tell the new k from the last one)
     c = np.full(len(steps), np.nan)
     for g, (b, m, t) in zip(groups, data):
         x = k * m + b

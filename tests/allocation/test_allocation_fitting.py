@@ -36,19 +36,6 @@ def test_one_size_keeps_the_shape_it_had():
     assert k == 0.0 and c.tolist() == pytest.approx([0.01 * 37 / 32, 0.03 * 13 / 8])
 
 
-def test_k_moves_only_where_the_steps_tell_it_from_the_last_one():
-    # steps of 5-8 samples jittering +-40% (a 37 ms CFS period at 0.2 of a core), no fixed cost:
-    # fitted alone they put k at its limit (16), and the split moved with it from window to window
-    # (prop-13-2 in tests/lab/test_sim_properties.py); the last k stands unless the steps favour
-    # a new one by more than SHAPE_SIGMAS standard errors
-    rng = np.random.default_rng(0)
-    jittery = [[(b, 0.01 * b * float(rng.uniform(0.6, 1.4))) for b in [5, 6, 7, 8] * 4]]
-    assert fit_shape(jittery, [None], 16, 16, shape=0.0)[0] == 0.0
-    assert fit_shape(jittery, [None], 16, 16, shape=3.0)[0] == 3.0
-    clean = [steps(0.01, 5.0, [5, 6, 7, 8] * 4)]  # the same sizes without the jitter: k found from 0
-    assert fit_shape(clean, [None], 16, 16, shape=0.0)[0] == pytest.approx(5.0, rel=0.01)
-
-
 def test_every_step_counts_and_bad_pairs_do_not():
     # a rank under a 91 ms CFS period at 4 samples: 3.7 ms within its budget, 85 ms a period
     # later. Dropping the slow half as outliers of the median fitted it 20x too fast (284 samples).

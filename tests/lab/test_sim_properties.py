@@ -137,8 +137,9 @@ def rates(profile, spec, seeds=3, updates=120):
     "binds by the rank's compute phase): 0.970 (noise 0.026) of 69,0,6,0,5 at prop-13-2 (a 37 ms period: rank 0 "
     "at 0.6 of a core now reports its limit from the first interval, and the split of ranks 0, 2 and 4 moves "
     "between 66,0,7,0,7 and 72,0,4,0,4 on its fits' noise, also with k held at 0: c's fits at a 37 ms period; an F "
-    "test on k passed it, k fitted to every window did not: docs/heterogeneity.md). It passed for the one commit before (trials only of "
-    "ranks with no limit that binds); before that 0.961 of 70,0,5,0,5 there (trials of its ranks under a limit)",
+    "test on k passed it, k fitted to every window did not: docs/heterogeneity.md). It passed for the one commit "
+    "before (trials only of ranks with no limit that binds); before that 0.961 of 70,0,5,0,5 there (trials of its "
+    "ranks under a limit)",
 )
 def test_balanced_is_never_below_the_best_fixed_split_by_more_than_its_noise():
     below = []

@@ -119,9 +119,9 @@ def test_the_optimizer_step_is_the_measured_one_and_the_fitted_rest_goes_to_the_
 SUITES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "real-suites")
 
 
-@pytest.mark.parametrize("suite", ["suite-1127a", "suite-1127b"])
+@pytest.mark.parametrize("suite", ["suite-1127a", "suite-1127b", "suite-1128"])
 def test_the_simulator_predicts_real_suites_it_was_not_fitted_on(suite):
-    # two REAL suites of 2026-11-27 (suite.json: every strategy's ratio to equal per round), not in
+    # REAL suites of 2026-11-27 and 2026-11-28 (suite.json: every strategy's ratio to equal per round), not in
     # the calibration's fit: issue 40's bars, the same winner on 7 of 9 profiles, and each
     # ratio within 15% (here: on average; docs/simulator.md has the table and where it misses)
     rows = validate(os.path.join(SUITES, suite), Machine.load())

@@ -22,12 +22,15 @@ Any ranks but 0 may be out at once. Two ways in:
   back, nor one whose fit is gone (its limit rose).
 
 A rank out stays out unless its CPU limit rose (its fit is gone), the model predicts its return
-pays (not after a measured gain: the model did not see it), or, with no limit that binds, it has
-been out for ``sit_out`` rebalances: then it is measured again at its share (ranks due together,
-together). If the interval with them back is measured slower than the last one without them by
-the same margin, they sit out again at once, for twice as long. A limit that binds is read at
-every rebalance, so a rank out under one is not measured again while it stays (each such check
-cost an interval at up to 2.8x the update on the simulator's REAL profiles, 4.6% of the 1,000).
+pays by twice the threshold (its fit is from before it left, the others' are new: at the threshold
+alone ranks near the edge went out and back on the fits' noise, at random-40-40 to 545 ms per
+update with the rank back against 72 without it; not after a measured gain: the model did not see
+it), or, with no limit that binds, it has been out for ``sit_out`` rebalances: then it is measured
+again at its share (ranks due together, together). If the interval with them back is measured
+slower than the last one without them by the same margin, they sit out again at once, for twice
+as long. A limit that binds is read at every rebalance, so a rank out under one is not measured
+again while it stays (each such check cost an interval at up to 2.8x the update on the
+simulator's REAL profiles, 4.6% of the 1,000).
 
 Pure, like every strategy: all numbers come in with the :class:`ClusterMetrics`.
 """
@@ -175,7 +178,7 @@ class SitOuts:
             due = out_for > period and metrics.cpu_limit[r] is None  # (a limit that binds is read instead)
             why = (
                 (not known[r], "its CPU limit rose"),
-                (not measured and other < (1 - threshold) * now, "the model predicts its return pays"),
+                (not measured and other < (1 - 2 * threshold) * now, "the model predicts its return pays"),
                 (due, f"after {period} rebalance{'s' * (period > 1)} out, to be measured again"),
             )
             reason = next((text for hit, text in why if hit), None)

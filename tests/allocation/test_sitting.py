@@ -7,7 +7,8 @@ import re
 import numpy as np
 
 from bno_hvd.allocation import ClusterMetrics, make_strategy
-from bno_hvd.allocation.sitting import Measured, measured_step, starved
+from bno_hvd.allocation.fitting import predicted_step, split_without
+from bno_hvd.allocation.sitting import Measured, SitOuts, measured_step, starved
 
 MS = 1e-3
 ZERO_LAT = [[0.0] * 4 for _ in range(4)]
@@ -192,3 +193,25 @@ def test_a_trial_after_many_updates_is_measured_against_the_interval_just_before
     assert without < 40 and 95 < with_ < 120, notes[11]  # the baseline is the interval with the busy processes
     out = [k for k, h in enumerate(history) if h[3] == 0]
     assert out == [11, 12, 13, 14, 15] + list(range(17, 26)), (out, history)  # back only to be measured again
+
+
+def test_a_rank_out_comes_back_on_the_model_only_where_its_return_pays_twice_the_deadband():
+    # rank 3 (under a limit that binds: never measured again) sits out beside three ranks at
+    # 1 ms per sample; its charge (offset) sets what the update with it would take. At the
+    # deadband alone, its old fit against the others' new ones took ranks out and back on noise
+    # (random-40-40 in the simulator: 545 ms per update with the rank back, 72 without it)
+    def decide(offset):
+        model = (np.zeros(4), np.full(4, MS), None, np.array([0.0, 0.0, 0.0, offset * MS]), None)
+        now = predicted_step(model, split_without(model, [3], 128))
+        gain = 1 - predicted_step(model, split_without(model, [], 128)) / now
+        sitouts = SitOuts(4, 0.5)
+        sitouts.out = {3: [1, 4, False]}  # out one rebalance, by the model's prediction
+        metrics = ClusterMetrics(ops=[1.0] * 4, memory_used=[1e9] * 4, latency=ZERO_LAT, cpu_limit=[0.5] * 4)
+        fit = split_without(model, [], 128)  # the fit's split with every rank, as balanced passes it
+        sizes, note = sitouts.decide(model, fit, [43, 43, 42, 0], [True] * 4, metrics, 20, 128, 0.05, 2.24, True)
+        return gain, sizes, note
+
+    gain, sizes, note = decide(32.0)  # with it: 40 ms against 43
+    assert 0.05 < gain < 0.10 and sizes == [43, 43, 42, 0] and note is None, (gain, sizes)
+    gain, sizes, note = decide(14.0)  # with it: 35.5 ms against 43
+    assert gain > 0.10 and sizes[3] > 0 and note == "rank 3 is back: the model predicts its return pays", (gain, note)

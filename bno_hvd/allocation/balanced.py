@@ -13,7 +13,8 @@ without measurements, or whose limit rose (its steps are from before), counts as
 **One rule.** Take the split the model predicts fastest - every rank finishing together
 (:func:`~.fitting.solve_equal_finish`) or, where the loop allows it, the k ranks slowest at one sample (never
 rank 0) sitting the update out (:mod:`.sitting`) - when it is predicted to shorten the update by
-more than ``deadband`` (5%). What the model cannot see is measured: a rank with no CPU limit
+more than ``deadband`` (5%; a rank out comes back on the model's word at twice that: its fit is
+from before it left). What the model cannot see is measured: a rank with no CPU limit
 that binds and less than ``starved_share`` of the others' share of the CPU is tried out for one
 interval and stays out if the updates were faster without it. Ranks out are back at once when
 their limit rises; with no limit that binds, they are measured again after ``sit_out``

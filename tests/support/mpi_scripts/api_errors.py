@@ -11,6 +11,7 @@ from rank 0, exit code 2 for a UsageError, 1 for a TrainingError). The cases:
   at the first rebalance, in a drop-in loop (the others are in ``optimizer.step()`` by then).
 """
 
+import faulthandler
 import sys
 
 import horovod.torch as hvd
@@ -63,6 +64,10 @@ def run(case):
 
 
 if __name__ == "__main__":
+    # every thread's Python stack on stderr if a rank crashes in native code (rank 0 died of a
+    # segfault in raises-rebalance once in three fresh-clone CI runs on 2026-11-28, before it
+    # printed its error; 18 repeats here, loaded and not, did not show it again)
+    faulthandler.enable(all_threads=True)
     try:
         run(sys.argv[1])
     except Exception as err:

@@ -44,6 +44,7 @@ class SamplerFace:
         Other ``options`` go to :class:`~bno_hvd.library.balancer.Balancer` (``rebalance_every``,
         ``monitor``, ``max_batch``, ``window``, ``lag``)."""
         one_line_errors()
+        leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm (or unwinds)
         length = dataset_length(dataset, "Balancer.for_world's dataset")
         check_keys("Balancer.for_world", options, [p for p in inspect.signature(cls).parameters if p not in OWN])
         if comm is not None and not all(callable(getattr(comm, name, None)) for name in CONTROL_CALLS):
@@ -55,7 +56,6 @@ class SamplerFace:
                 f"strategy must be a strategy's name or a Strategy (make_strategy), got {describe(strategy)}"
             )
         comm = world_control_comm() if comm is None else comm
-        leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm
         _check_horovod_world(comm.Get_size())
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, comm.Get_size(), batch_size, global_batch=global_batch, seed=seed)

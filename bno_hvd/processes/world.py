@@ -195,9 +195,12 @@ def leave_together(seconds: float = EXIT_WAIT_SECONDS) -> None:
     whatever its main thread still does (a rank still building its Balancer crashed in
     ``MPI_Comm_size``). The wait is Horovod's own allreduce, not MPI's: after it, no rank makes
     another MPI call before its shutdown. Registered after ``hvd.init()``, so it runs first.
-    Skipped when an uncaught exception ends this rank: the others may wait for it in an
-    allreduce, and Horovod's shutdown is what frees them. Registered once per process (a
-    second Balancer adds no second wait)."""
+    Skipped when an uncaught exception ends this rank alone: the others may wait for it in an
+    allreduce, and Horovod's shutdown is what frees them. Not for a one-line error every rank
+    raised (rank 0's failed allocation, broadcast): the ranks that ended first finalized MPI under
+    rank 0 while it still unwound from it (seen 1.5 s after; likely the segfault of rank 0 there
+    in one of four fresh-clone CI runs).
+    Registered once per process (a second Balancer adds no second wait)."""
     global _LEAVING
     if not _LEAVING:
         atexit.register(_wait_for_the_others, seconds)
@@ -209,7 +212,8 @@ _LEAVING = False  # leave_together's hook is registered
 
 def _wait_for_the_others(seconds: float) -> None:
     hvd = sys.modules.get("horovod.torch")
-    if hasattr(sys, "last_value") or hvd is None or not hvd.is_initialized() or hvd.size() < 2:
+    alone = hasattr(sys, "last_value") and not every_rank_raised(sys.last_value)
+    if alone or hvd is None or not hvd.is_initialized() or hvd.size() < 2:
         return
     import torch
 
@@ -223,6 +227,11 @@ def _wait_for_the_others(seconds: float) -> None:
         hvd.synchronize(handle)
     except Exception:  # noqa: BLE001 - another rank's Horovod shut down first: nothing to wait for
         return
+
+
+def every_rank_raised(err) -> bool:
+    """A :class:`UsageError` or :class:`TrainingError` that no one rank found alone: every rank raises it."""
+    return isinstance(err, (UsageError, TrainingError)) and err.rank is None
 
 
 def spins_cost_compute(device: str = "auto", throttled: bool = False) -> str | None:

@@ -3,7 +3,8 @@ one-line error and exits non-zero, rank 0 prints it once, and mpirun returns (no
 another in a collective). Each rank's exit code is printed by a shell around it, so that mpirun
 does not end the job at the first rank's exit; the cases are in ``mpi_scripts/api_errors.py``.
 Includes errors only rank 0 finds (a strategy for 7 ranks; a user's strategy raising a KeyError
-or a RuntimeError while rank 0 allocates), which the other ranks must hear of from rank 0."""
+or a RuntimeError while rank 0 allocates), which the other ranks must hear of from rank 0. Rank 0
+ends last, and MPI must still be up under it: no rank's exit may finalize it under another."""
 
 import re
 
@@ -45,3 +46,4 @@ def test_every_rank_raises_the_same_line_and_exits(case, ranks, kind, code, word
     errors = [line for line in untagged if "bno-hvd: error:" in line]
     assert errors == [f"bno-hvd: error: {raised[0][2]}"], text[-3000:]
     assert "Traceback" not in text and "was not refused" not in text, text[-3000:]
+    assert "MPI was finalized under it" not in text, text[-3000:]  # (rank 0 ends last: the others wait for it)

@@ -9,10 +9,14 @@ from rank 0, exit code 2 for a UsageError, 1 for a TrainingError). The cases:
 - ``raises-initial``: a user's strategy whose ``initial()`` raises a KeyError on rank 0;
 - ``raises-rebalance``: a user's strategy whose ``rebalance()`` raises a RuntimeError on rank 0
   at the first rebalance, in a drop-in loop (the others are in ``optimizer.step()`` by then).
+
+Rank 0 ends last, ``LATE`` s after it raised, and says so if MPI was finalized under it by then:
+a rank that ended first must not shut Horovod (which finalizes MPI on every rank) down under it.
 """
 
 import faulthandler
 import sys
+import time
 
 import horovod.torch as hvd
 import torch
@@ -20,6 +24,8 @@ from torch.utils.data import TensorDataset
 
 import bno_hvd as bno
 from bno_hvd.allocation import EqualStrategy
+
+LATE = 1.5  # s rank 0 takes to end after it raised (the others end at once)
 
 
 class Raising(EqualStrategy):
@@ -71,6 +77,12 @@ if __name__ == "__main__":
     try:
         run(sys.argv[1])
     except Exception as err:
+        if hvd.rank() == 0:
+            from mpi4py import MPI  # (imported after hvd.init(), as a user's script does: Horovod started MPI)
+
+            time.sleep(LATE)
+            if MPI.Is_finalized():
+                sys.stdout.write("rank 0: MPI was finalized under it\n")
         sys.stdout.write(f"rank {hvd.rank()} raised {type(err).__name__}: {err}\n")  # one write: one line
         sys.stdout.flush()
         raise

@@ -15,7 +15,13 @@ def fmt_limit(limit: float) -> str:
     return "none that binds" if not np.isfinite(limit) else f"{limit:.2g} of a core"
 
 
-def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
+def least_sync_cpu(sync_cpu) -> float | None:
+    """The least CPU any rank spent in its sync phases (``w`` of :func:`throttle_offsets`; None: none measured)."""
+    measured = [x for x in sync_cpu if x is not None and math.isfinite(x) and x >= 0]
+    return min(measured) if measured else None
+
+
+def throttle_offsets(sync_cpu, cpu_limit, least=None) -> np.ndarray:
     """Seconds each rank under a CPU limit needs for its part of the sync, beyond the least of them.
 
     The sync phase costs every rank CPU: its part of the ring (the same on every rank), Horovod's
@@ -28,17 +34,16 @@ def throttle_offsets(sync_cpu, cpu_limit) -> np.ndarray:
     0.5,0.5,0.5,0.17 the update is ~20% faster with the starved rank at 1-4 samples than at the
     split that equalises compute finish times. Ranks without a limit (or
     without a measurement) get 0, so emulated and unthrottled runs are unchanged; equal limits
-    give equal offsets, which change no split.
+    give equal offsets, which change no split. ``least``: per rank, a ``w`` to charge it at the
+    least (NaN: none), e.g. the one measured in the larger set it would return to.
     """
-    n = len(sync_cpu)
-    measured = [x for x in sync_cpu if x is not None and math.isfinite(x) and x >= 0]
-    need = np.zeros(n)
-    if not measured:
+    need, work = np.zeros(len(sync_cpu)), least_sync_cpu(sync_cpu)
+    if work is None:
         return need
-    work = min(measured)
+    floor = np.full(len(sync_cpu), work) if least is None else np.fmax(work, np.asarray(least, dtype=float))
     for i, limit in enumerate(cpu_limit):
         if limit is not None and 0 < limit < 1:
-            need[i] = work * (1.0 / limit - 1.0)
+            need[i] = floor[i] * (1.0 / limit - 1.0)
     return need - need.min()
 
 

@@ -72,6 +72,34 @@ def test_throttle_offsets_charge_the_sync_cpu_at_the_limits_rate():
     assert np.ptp(throttle_offsets([4 * MS] * 4, [0.5] * 4)) == 0.0
 
 
+def test_a_rank_out_is_charged_the_sync_of_the_set_it_left_not_of_the_smaller_ring_left_in():
+    # ranks 2 and 3 (0.17 of a core) leave a ring of four where the least sync CPU was 4 ms; the
+    # two ranks left in run a ring of two (0.5 ms here; REAL: 0.87x, a set of one runs none).
+    # Priced at 0.5 ms their return would pay 19% (at 52,52,12,12); at the 4 ms they left, none.
+    limits, per_sample = [None, None, 0.17, 0.17], [0.3 * MS] * 2 + [1.05 * MS] * 2
+    steps = [[(32, 32 * c * (1 + 0.01 * (k % 3 - 1))) for k in range(16)] for c in per_sample]
+    strategy, again = make_strategy("balanced", 4, 32), make_strategy("balanced", 4, 32)
+    strategy.sit_out_ok = again.sit_out_ok = True  # (the runtime's, where process sets allow it)
+
+    def metrics(sync_cpu):
+        ops = [1 / c for c in per_sample]
+        return ClusterMetrics(ops, [1e9] * 4, ZERO_LAT, compute_samples=steps, sync_cpu=sync_cpu, cpu_limit=limits)
+
+    assert strategy.rebalance(metrics([4 * MS] * 4), [32] * 4, 10) == [64, 64, 0, 0]
+    kept = strategy.rebalance(metrics([0.5 * MS, 0.5 * MS, 4 * MS, 4 * MS]), [64, 64, 0, 0], 20)
+    assert kept == [64, 64, 0, 0], strategy.last_note
+    assert strategy.last_model["throttle_ms"][2] == pytest.approx(4 * (1 / 0.17 - 1), rel=1e-3)
+    again.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    # restored from a checkpoint: the same charge
+    assert again.rebalance(metrics([0.5 * MS, 0.5 * MS, 4 * MS, 4 * MS]), [64, 64, 0, 0], 30) == [64, 64, 0, 0]
+    # the ring left in is what the ranks in are charged once they are all back in
+    assert throttle_offsets([0.5 * MS] * 4, limits)[2] == pytest.approx(0.5 * MS * (1 / 0.17 - 1))
+    assert throttle_offsets([0.5 * MS] * 4, limits, [np.nan, np.nan, 4 * MS, np.nan])[2:].tolist() == [
+        pytest.approx(4 * MS * (1 / 0.17 - 1)),
+        pytest.approx(0.5 * MS * (1 / 0.17 - 1)),
+    ]
+
+
 def test_a_rank_that_waits_buys_back_at_most_one_period_of_its_charge():
     limits = [0.6, 0.6, 0.2, 0.2]
     off = throttle_offsets([6 * MS] * 4, limits)  # 6 ms of CPU: 24 ms at 0.2 of a core, 4 ms at 0.6
@@ -92,7 +120,7 @@ def test_a_rank_that_waits_buys_back_at_most_one_period_of_its_charge():
 class ComputeOnly(EqualFinishStrategy):
     """``balanced`` without the charge: equal compute finish (the ablation's variant)."""
 
-    def _offsets(self, metrics):
+    def _offsets(self, metrics, out):
         return np.zeros(self.n_ranks)
 
 

@@ -5,7 +5,8 @@ rank does the same work, a fixed cost worth ``k`` samples per pass (``passes``: 
 a memory cap) and ``b`` samples, at its own speed ``1 / c_i``; ``k`` and ``c_i`` are fitted to the
 ranks' last ``window`` steps (:func:`fit_shape`; ranks that report one CPU limit share one ``c``).
 ``s_i`` is its part of the allreduce paid at its CPU limit ``L_i``, ``w * (1 / L_i - 1)`` beyond the
-least of them (:func:`throttle_offsets`), and no less than what of the slowest part starts after
+least of them (:func:`throttle_offsets`; a rank out: as in the last set it was in, not the smaller
+ring left in), and no less than what of the slowest part starts after
 the last arrival: waiting buys back one CFS period's budget (:func:`~.fitting.in_set`). A rank
 without measurements, or whose limit rose (its steps are from before), counts as a typical rank
 (the median fit) until it is measured again.

@@ -8,6 +8,9 @@ more variants reruns only those. ``--extra NAME=module:Class`` adds a strategy c
 from ``PYTHONPATH`` (another version of ``balanced``, say) as one more variant.
 
     python benchmarks/balanced_ablation.py --profiles 1000 --seed 40 --out /tmp/ablation
+
+``--calibration FILE`` runs it on another machine file (the cache in ``--out`` does not know
+which: give each its own directory).
 """
 
 import argparse
@@ -110,6 +113,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--extra", action="append", default=[], help="NAME=module:Class, one more variant")
+    parser.add_argument("--calibration", help="the simulator's machine file (default: the committed one; a new --out)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     variants = {v: VARIANTS[v] for v in args.variants.split(",") if v}
@@ -117,7 +121,7 @@ def main() -> None:
         name, _, where = item.partition("=")
         module, _, cls = where.partition(":")
         variants[name] = getattr(importlib.import_module(module), cls)
-    machine = Machine.load()
+    machine = Machine.load(args.calibration) if args.calibration else Machine.load()
     peers = np.array([rates_of(p, p, machine, args) for p in PEERS])
     best, fixed = peers.max(axis=0), peers[PEERS.index("fixed")]
     print(f"{args.profiles} profiles, seed {args.seed}; each against the best of {', '.join(PEERS)}")

@@ -38,7 +38,7 @@ import numpy as np
 from bno_hvd.common.atomic import write_json_atomic
 from bno_hvd.lab.sim.engine import simulate
 from bno_hvd.lab.sim.machine import Machine
-from bno_hvd.lab.sim.realsuite import BY_NAME, validate
+from bno_hvd.lab.sim.realsuite import BY_NAME, ratio_errors, validate
 
 # the strategies the validation compares: static splits, ones that follow ops, ours (replayed: the
 # splits each chose in the recorded run, not what today's code would choose)
@@ -224,25 +224,19 @@ def derived(m: Machine) -> Machine:
     )
 
 
-def ratio_errors(machine: Machine, suite_dir: str) -> np.ndarray:
-    """Log errors of every strategy's predicted ratio to ``equal`` against the suite's measured one."""
-    rows = validate(suite_dir, machine)
-    return np.array([np.log(r["predicted"][s] / r["measured"][s]) for r in rows for s in r["measured"] if s != "equal"])
-
-
 def fit_ratios(machine: Machine, suite_dir: str, echo=print) -> Machine:
     """Coordinate descent over :data:`GRID` (the optimizer step stays as measured) on the squared
-    log errors of every strategy's ratio to ``equal`` on one suite (:func:`ratio_errors`): what the
-    simulator is for. The time fit alone (:func:`calibrate`) on one suite predicted 19-23 of 45
+    log errors of every strategy's ratio to ``equal`` on one suite (``realsuite.ratio_errors``):
+    what the simulator is for. The time fit alone (:func:`calibrate`) on one suite predicted 19-23 of 45
     ratios within 15% on the suites it was not fitted on; this fit, from the time fit of two older
-    suites on suite-1127a, 41 and 35 of 45 (the time fit itself: 34 and 30)."""
-    best = float(np.sum(ratio_errors(machine, suite_dir) ** 2))
+    suites on suite-1127a, 41 and 38 of 45 (the time fit itself: 34 and 30)."""
+    best = float(np.sum(ratio_errors(validate(suite_dir, machine)) ** 2))
     for key, values in GRID.items():
         if key == "step_cpu":
             continue
         for v in values:
             trial = derived(replace(machine, **{key: float(v)}))
-            loss = float(np.sum(ratio_errors(trial, suite_dir) ** 2))
+            loss = float(np.sum(ratio_errors(validate(suite_dir, trial)) ** 2))
             if loss < best:
                 machine, best = trial, loss
         echo(f"{key} = {getattr(machine, key):.4g} (loss {best:.3f})")

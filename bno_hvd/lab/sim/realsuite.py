@@ -109,6 +109,11 @@ def validate(suite_dir: str, machine: Machine, seeds: int = 3) -> list[dict]:
     return rows
 
 
+def ratio_errors(rows: list[dict]) -> np.ndarray:
+    """Log errors of every predicted ratio to ``equal`` against the measured one (:func:`validate`'s rows)."""
+    return np.array([np.log(r["predicted"][s] / m) for r in rows for s, m in r["measured"].items() if s != "equal"])
+
+
 def table(rows: list[dict]) -> str:
     """The validation table in Markdown: predicted / measured per strategy, within +-15% marked."""
     specs = list(dict.fromkeys(s for r in rows for s in r["measured"] if s != "equal"))

@@ -185,8 +185,11 @@ def test_the_options_of_the_old_balanced_are_refused_in_one_line(option):
 
 def test_noisy_equal_ranks_keep_their_split_but_a_real_change_moves_it():
     # four equal ranks whose single steps jitter as the REAL suite's recorded steps do (the
-    # simulator's calibration: 65 quantiles of a step's deviation from its interval's median,
-    # -58% to +24%): the 5% deadband keeps their split, a rank 3x slower moves it at once
+    # simulator's calibration: 65 quantiles of a step's deviation from its interval's median, -49%
+    # to +34%, from competing-process's ranks among busy processes: the noisiest REAL steps; the
+    # older suites' quieter steps, -58% to +24% with a standard deviation of 0.10 against 0.16,
+    # moved it at most once): the 5% deadband keeps their split in most rebalances, and what moves
+    # it on noise is small; a rank 3x slower moves it at once
     from bno_hvd.lab.sim.machine import Machine
 
     rng, jitter = np.random.default_rng(1), np.array(Machine.load().noise)
@@ -199,7 +202,8 @@ def test_noisy_equal_ranks_keep_their_split_but_a_real_change_moves_it():
     for update in range(10, 200, 10):
         got = s.rebalance(metrics([1] * 4, samples=[noisy(0.001) for _ in range(4)]), [32] * 4, update)
         moved += got != [32] * 4
-    assert moved <= 1, moved
+        assert max(abs(b - 32) for b in got) <= 4, got
+    assert moved <= 4, moved
     # rank 3 really becomes 3x slower: the split moves at once
     got = s.rebalance(metrics([1] * 4, samples=[noisy(0.001)] * 3 + [noisy(0.003)]), [32] * 4, 200)
     assert got[3] < 20 and sum(got) == 128

@@ -7,6 +7,7 @@ which 20 warm up, 8 rounds), written here without its confinement code: the simu
 the limits, periods, busy processes and schedules. Usage::
 
     python -m bno_hvd.lab.sim.realsuite SUITE_DIR [--calibration FILE]
+    python -m bno_hvd.lab.sim.realsuite SUITE_DIR --against OTHER_SUITE_DIR  # REAL against REAL
 """
 
 from __future__ import annotations
@@ -109,6 +110,22 @@ def validate(suite_dir: str, machine: Machine, seeds: int = 3) -> list[dict]:
     return rows
 
 
+def against(suite_dir: str, other_dir: str) -> list[dict]:
+    """:func:`validate`'s rows with another REAL suite's ratios in place of the simulator's: how
+    well one run of the suite predicts the next, the most a calibration can be expected to do."""
+    rows, other = [], measured(other_dir)
+    for name, got in measured(suite_dir).items():
+        if name not in BY_NAME or name not in other:
+            continue
+        predicted = {s: v for s, v in other[name].items() if s in got}
+        got = {s: v for s, v in got.items() if s in predicted}
+        winner = [max(got, key=got.get), max(predicted, key=predicted.get)]
+        rows.append(
+            {"profile": name, "kind": BY_NAME[name].kind, "measured": got, "predicted": predicted, "winner": winner}
+        )
+    return rows
+
+
 def ratio_errors(rows: list[dict]) -> np.ndarray:
     """Log errors of every predicted ratio to ``equal`` against the measured one (:func:`validate`'s rows)."""
     return np.array([np.log(r["predicted"][s] / m) for r in rows for s, m in r["measured"].items() if s != "equal"])
@@ -144,8 +161,12 @@ def main(argv=None) -> None:
     parser.add_argument("suite_dir")
     parser.add_argument("--calibration", default=CALIBRATION)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--against", metavar="OTHER_SUITE_DIR", help="predict with another suite's ratios instead")
     args = parser.parse_args(argv)
-    print(table(validate(args.suite_dir, Machine.load(args.calibration), args.seeds)))
+    if args.against:
+        print(table(against(args.suite_dir, args.against)))
+    else:
+        print(table(validate(args.suite_dir, Machine.load(args.calibration), args.seeds)))
 
 
 if __name__ == "__main__":

@@ -129,9 +129,9 @@ SUITES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "real-suites"
 def test_the_simulator_predicts_the_real_suites(suite, within):
     # REAL suites of 2026-11-27 and 2026-11-28 (suite.json: every strategy's ratio to equal per round).
     # The calibration was fitted to suite-1127a's times and then its ratios; 1127b and 1128 were not
-    # fitted on, and 1128b was run after the fit (today's code). Issue 40's bars: the same winner on 7 of 9 profiles, each ratio within
-    # 15% (here: as many as measured on 2026-11-28, and within 15% on average; docs/simulator.md
-    # has the table and where it misses)
+    # fitted on, and 1128b was run after the fit (today's code). Issue 40's bars: the same winner on
+    # 7 of 9 profiles, each ratio within 15% (here: as many as measured on 2026-11-28, and within 15%
+    # on average; docs/simulator.md has the table and where it misses)
     rows = validate(os.path.join(SUITES, suite), Machine.load())
     assert len(rows) == 9
     assert sum(r["winner"][0] == r["winner"][1] for r in rows) >= 7, [(r["profile"], r["winner"]) for r in rows]

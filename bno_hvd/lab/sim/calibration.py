@@ -125,19 +125,25 @@ GRID = {
 }
 
 
-def fit_sync(machine: Machine, rows, sweeps: int = 1, echo=print) -> Machine:
-    """Coordinate descent over :data:`GRID` on :func:`sync_loss`, over the recorded runs of
-    :data:`FIT_STRATEGIES` on the REAL profiles (each replaying its own splits)."""
-    rows = [(p, row) for p, row in rows if p.kind == "REAL" and row["strategy"] in FIT_STRATEGIES]
-    best = sync_loss(machine, rows)
-    for sweep in range(sweeps):
-        for key, values in GRID.items():
-            for v in values:  # a value is taken only where it fits better (the start's may be off the grid)
-                loss = sync_loss(replace(machine, **{key: float(v)}), rows)
-                if loss < best:
-                    machine, best = replace(machine, **{key: float(v)}), loss
-            echo(f"sweep {sweep + 1}: {key} = {getattr(machine, key):.4g} (loss {best:.3f})")
+def descend(machine: Machine, loss, keys, echo=print, shape=lambda m: m) -> Machine:
+    """One sweep of coordinate descent over :data:`GRID`'s ``keys`` on ``loss(machine)``: a value is
+    taken only where it fits better (the start's may be off the grid); ``shape`` completes each trial."""
+    best = loss(machine)
+    for key in keys:
+        for v in GRID[key]:
+            trial = shape(replace(machine, **{key: float(v)}))
+            value = loss(trial)
+            if value < best:
+                machine, best = trial, value
+        echo(f"{key} = {getattr(machine, key):.4g} (loss {best:.3f})")
     return machine
+
+
+def fit_sync(machine: Machine, rows, echo=print) -> Machine:
+    """:func:`descend` over every field of :data:`GRID` on :func:`sync_loss`, over the recorded runs
+    of :data:`FIT_STRATEGIES` on the REAL profiles (each replaying its own splits)."""
+    rows = [(p, row) for p, row in rows if p.kind == "REAL" and row["strategy"] in FIT_STRATEGIES]
+    return descend(machine, lambda m: sync_loss(m, rows), GRID, echo)
 
 
 def _balanced_updates(suite_dir: str, name: str) -> str | None:
@@ -247,16 +253,8 @@ def fit_ratios(machine: Machine, suite_dir: str, echo=print) -> Machine:
     what the simulator is for. From suite-1127a's time fit, on suite-1127a: 42 and 40 of 45 ratios
     within 15% on the two suites not fitted on (the time fit itself: 37 and 36), as many as
     suite-1127a's measured ratios predict (42 and 39; docs/simulator.md)."""
-    best = float(np.sum(ratio_errors(validate(suite_dir, machine)) ** 2))
-    for key, values in GRID.items():
-        if key == "step_cpu":
-            continue
-        for v in values:
-            trial = derived(replace(machine, **{key: float(v)}))
-            loss = float(np.sum(ratio_errors(validate(suite_dir, trial)) ** 2))
-            if loss < best:
-                machine, best = trial, loss
-        echo(f"{key} = {getattr(machine, key):.4g} (loss {best:.3f})")
+    keys = [key for key in GRID if key != "step_cpu"]
+    machine = descend(machine, lambda m: float(np.sum(ratio_errors(validate(suite_dir, m)) ** 2)), keys, echo, derived)
     return replace(machine, fitted_on=(*machine.fitted_on, os.path.basename(os.path.normpath(suite_dir)) + " (ratios)"))
 
 

@@ -97,16 +97,7 @@ def validate(suite_dir: str, machine: Machine, seeds: int = 3) -> list[dict]:
             continue
         specs = list(got)
         runs = [compare(BY_NAME[name], machine, specs, UPDATES, WARMUP, ROUNDS, seed=100 * s) for s in range(seeds)]
-        predicted = {s: float(np.median([ratio(r, s) for r in runs])) for s in specs}
-        rows.append(
-            {
-                "profile": name,
-                "kind": BY_NAME[name].kind,
-                "measured": got,
-                "predicted": predicted,
-                "winner": [max(got, key=got.get), max(predicted, key=predicted.get)],
-            }
-        )
+        rows.append(_row(name, got, {s: float(np.median([ratio(r, s) for r in runs])) for s in specs}))
     return rows
 
 
@@ -115,15 +106,15 @@ def against(suite_dir: str, other_dir: str) -> list[dict]:
     well one run of the suite predicts the next, the most a calibration can be expected to do."""
     rows, other = [], measured(other_dir)
     for name, got in measured(suite_dir).items():
-        if name not in BY_NAME or name not in other:
-            continue
-        predicted = {s: v for s, v in other[name].items() if s in got}
-        got = {s: v for s, v in got.items() if s in predicted}
-        winner = [max(got, key=got.get), max(predicted, key=predicted.get)]
-        rows.append(
-            {"profile": name, "kind": BY_NAME[name].kind, "measured": got, "predicted": predicted, "winner": winner}
-        )
+        if name in BY_NAME and name in other:
+            predicted = {s: v for s, v in other[name].items() if s in got}
+            rows.append(_row(name, {s: v for s, v in got.items() if s in predicted}, predicted))
     return rows
+
+
+def _row(name: str, got: dict, predicted: dict) -> dict:
+    winner = [max(got, key=got.get), max(predicted, key=predicted.get)]
+    return {"profile": name, "kind": BY_NAME[name].kind, "measured": got, "predicted": predicted, "winner": winner}
 
 
 def ratio_errors(rows: list[dict]) -> np.ndarray:

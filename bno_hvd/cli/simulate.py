@@ -12,7 +12,7 @@ from bno_hvd.common.errors import UsageError
 DEFAULT = "equal,balanced,lbbsp,proportional,fixed"
 
 
-def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str]) -> None:
+def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str], rounds: int = 1) -> None:
     """The flags, before anything runs: one line naming the flag that is wrong."""
     from bno_hvd.allocation import check_spec
 
@@ -20,6 +20,7 @@ def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str
         ("--profiles", profiles, 1, 10**6),
         ("--seed", seed, 0, 2**31),
         ("--updates", updates, 40, 10**5),
+        ("--rounds", rounds, 1, 100),
     ):
         if not low <= value <= high:
             raise UsageError(f"{flag} must be between {low} and {high}, got {value}")
@@ -41,6 +42,13 @@ def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str
 )
 @click.option("--updates", type=int, default=120, show_default=True, help="Updates per run; the first 20 warm up.")
 @click.option(
+    "--rounds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Runs per strategy and profile, each with its own noise and CFS phases, pooled into one rate.",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False),
@@ -61,7 +69,7 @@ def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str
     default=None,
     help="The machine's calibration file (default: the packaged one).",
 )
-def simulate(profiles, seed, strategies, updates, out_dir, suite_dir, calibration):
+def simulate(profiles, seed, strategies, updates, rounds, out_dir, suite_dir, calibration):
     """Run allocation strategies on simulated profiles: per-strategy geometric means of the ratio to the best
     other strategy of each profile, and the worst profiles."""
     from bno_hvd.common.atomic import write_json_atomic
@@ -74,16 +82,17 @@ def simulate(profiles, seed, strategies, updates, out_dir, suite_dir, calibratio
         click.echo(table(validate(suite_dir, machine)))
         return
     specs = [s.strip() for s in str(strategies).split(",") if s.strip()]
-    check_simulate_flags(profiles, seed, updates, specs)
-    click.echo(f"simulating {profiles} random profiles, seed {seed}, strategies {','.join(specs)}")
-    rows, seconds = timed(run_families, machine, profiles, seed, specs, updates)
+    check_simulate_flags(profiles, seed, updates, specs, rounds)
+    many = f", {rounds} rounds each" if rounds > 1 else ""
+    click.echo(f"simulating {profiles} random profiles, seed {seed}, strategies {','.join(specs)}{many}")
+    rows, seconds = timed(run_families, machine, profiles, seed, specs, updates, rounds=rounds)
     click.echo(f"{'strategy':<28} {'geomean vs best peer':>21} {'>= 0.97x peer':>14} {'>= 0.97x fixed':>15}  worst")
     for name, s in summary(rows, specs).items():
         fixed = "-" if s["share_at_0.97_of_fixed"] is None else f"{s['share_at_0.97_of_fixed']:.1%}"
         worst = ", ".join(f"{p} {r:.2f}" for p, r in s["worst"])
         peer = f"{s['share_at_0.97_of_best_peer']:.1%}"
         click.echo(f"{name:<28} {s['geomean_vs_best_peer']:>21.3f} {peer:>14} {fixed:>15}  {worst}")
-    click.echo(f"{profiles} profiles in {seconds:.0f} s (seed {seed})")
+    click.echo(f"{profiles} profiles in {seconds:.0f} s (seed {seed}{many})")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         path = write_json_atomic(os.path.join(out_dir, "simulate.json"), rows)

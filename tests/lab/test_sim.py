@@ -164,6 +164,30 @@ def test_simulate_writes_one_row_per_profile_with_every_strategys_rate(tmp_path)
     assert again.output.splitlines()[:5] == out.output.splitlines()[:5]  # the seed fixes the profiles and the noise
 
 
+def test_rounds_pool_runs_with_their_own_noise_and_the_first_is_the_single_run(tmp_path):
+    from bno_hvd.lab.sim.engine import simulate
+    from bno_hvd.lab.sim.families import random_profile, run_families
+    from bno_hvd.lab.sim.machine import Machine
+
+    machine, rng = Machine.load(), np.random.default_rng(7)
+    one, pooled = (run_families(machine, 4, 7, ("equal", "balanced"), rounds=r) for r in (1, 3))
+    assert [r["profile"] for r in one] == [r["profile"] for r in pooled]
+    for k, (a, b) in enumerate(zip(one, pooled)):
+        profile = random_profile(rng, f"random-7-{k}", 120)
+        assert profile.to_dict() == b["profile"]
+        runs = [simulate(profile, machine, "balanced", 120, seed=7 * 100003 + k + 7919 * j) for j in range(3)]
+        rates = [r.samples[20:].sum() / r.seconds[20:].sum() for r in runs]
+        assert a["rates"]["balanced"] == pytest.approx(rates[0], rel=1e-12)  # round 0 is the single run
+        assert min(rates) - 1e-9 <= b["rates"]["balanced"] <= max(rates) + 1e-9  # all samples over all seconds
+    assert any(a["rates"]["balanced"] != b["rates"]["balanced"] for a, b in zip(one, pooled))  # its own noise
+    out = CliRunner().invoke(
+        simulate_command, ["--profiles", "2", "--seed", "7", "--rounds", "2", "--out", str(tmp_path)]
+    )
+    assert out.exit_code == 0 and "2 rounds each" in out.output, out.output
+    bad = CliRunner().invoke(simulate_command, ["--rounds", "0"])
+    assert isinstance(bad.exception, UsageError) and "--rounds must be" in str(bad.exception)
+
+
 @pytest.mark.parametrize(
     "args, says",
     [(["--profiles", "0"], "--profiles must be"), (["--strategies", "equal,nope"], "unknown strategy"),

@@ -64,18 +64,21 @@ def random_profile(rng: np.random.Generator, name: str, updates: int = 120) -> S
 
 
 def run_families(
-    machine: Machine, count: int, seed: int, strategies=DEFAULT_STRATEGIES, updates=120, warmup=20, echo=None
+    machine: Machine, count: int, seed: int, strategies=DEFAULT_STRATEGIES, updates=120, warmup=20, echo=None, rounds=1
 ):
     """``count`` random profiles from ``seed``; per profile its parameters and every strategy's
-    samples/s over the updates after ``warmup``. ``echo(done, count)`` reports progress."""
+    samples/s over the updates after ``warmup`` (of ``rounds`` runs with their own noise and CFS
+    phases, pooled: under a long period one run's rate moves by 10-20% with the phases alone).
+    ``echo(done, count)`` reports progress."""
     rng = np.random.default_rng(seed)
     rows = []
     for k in range(count):
         profile = random_profile(rng, f"random-{seed}-{k}", updates)
         rates = {}
         for spec in strategies:
-            run = simulate(profile, machine, spec, updates, seed=seed * 100003 + k)
-            rates[spec] = float(run.samples[warmup:].sum() / run.seconds[warmup:].sum())
+            runs = [simulate(profile, machine, spec, updates, seed=seed * 100003 + k + 7919 * j) for j in range(rounds)]
+            samples, seconds = (sum(getattr(r, x)[warmup:].sum() for r in runs) for x in ("samples", "seconds"))
+            rates[spec] = float(samples / seconds)
         rows.append({"profile": profile.to_dict(), "rates": rates})
         if echo is not None:
             echo(k + 1, count)

@@ -296,14 +296,18 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
         "waiting = steps(lambda: time.sleep(0.01))\n"
         "computing = steps(spin, 0.06)\n"
         "cpu, wall = (sum(x) for x in zip(*bal.timer.cpu_use))\n"
+        "used, took = (sum(x) for x in zip(*bal.timer.compute_use))\n"
+        "from bno_hvd.processes.cpulimit import cpu_bandwidth\n"
+        "seen = cpu_bandwidth()\n"
         "after = steps(lambda: time.sleep(0.01))\n"
         "hook.close()\n"
-        "print(waiting, computing, cpu / wall, after)\n"
+        "print(used / took, seen and seen[0], waiting, computing, cpu / wall, after)\n"
     )
     proc, before = run_python(script)
-    waiting, computing, whole, after = proc.stdout.split()[-4:]
+    compute_use, seen, waiting, computing, whole, after = proc.stdout.split()[-6:]
     assert waiting == "None" and float(whole) < 0.25  # computing, under half of its limit over the update
-    assert computing != "None" and float(computing) == pytest.approx(0.5)
+    # (if not: the CPU per wall second of its compute phases and the limit read, to tell which failed)
+    assert computing != "None" and float(computing) == pytest.approx(0.5), (compute_use, seen)
     # once it has bound, the same limit still counts while the rank waits (a starved rank given
     # a few samples waits for the others): only a changed limit is judged again
     assert float(after) == pytest.approx(0.5)

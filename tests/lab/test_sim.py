@@ -166,7 +166,7 @@ def test_simulate_writes_one_row_per_profile_with_every_strategys_rate(tmp_path)
 
 def test_rounds_pool_runs_with_their_own_noise_and_the_first_is_the_single_run(tmp_path):
     from bno_hvd.lab.sim.engine import simulate
-    from bno_hvd.lab.sim.families import random_profile, run_families
+    from bno_hvd.lab.sim.families import random_profile, run_families, run_seed
     from bno_hvd.lab.sim.machine import Machine
 
     machine, rng = Machine.load(), np.random.default_rng(7)
@@ -175,7 +175,7 @@ def test_rounds_pool_runs_with_their_own_noise_and_the_first_is_the_single_run(t
     for k, (a, b) in enumerate(zip(one, pooled)):
         profile = random_profile(rng, f"random-7-{k}", 120)
         assert profile.to_dict() == b["profile"]
-        runs = [simulate(profile, machine, "balanced", 120, seed=7 * 100003 + k + 7919 * j) for j in range(3)]
+        runs = [simulate(profile, machine, "balanced", 120, seed=run_seed(7, k, j)) for j in range(3)]
         rates = [r.samples[20:].sum() / r.seconds[20:].sum() for r in runs]
         assert a["rates"]["balanced"] == pytest.approx(rates[0], rel=1e-12)  # round 0 is the single run
         assert min(rates) - 1e-9 <= b["rates"]["balanced"] <= max(rates) + 1e-9  # all samples over all seconds

@@ -63,6 +63,11 @@ def random_profile(rng: np.random.Generator, name: str, updates: int = 120) -> S
     )
 
 
+def run_seed(seed: int, k: int, round_: int = 0) -> int:
+    """The noise seed of profile ``k``'s run in round ``round_`` (round 0: the single run's)."""
+    return seed * 100003 + k + 7919 * round_
+
+
 def run_families(
     machine: Machine, count: int, seed: int, strategies=DEFAULT_STRATEGIES, updates=120, warmup=20, echo=None, rounds=1
 ):
@@ -76,9 +81,9 @@ def run_families(
         profile = random_profile(rng, f"random-{seed}-{k}", updates)
         rates = {}
         for spec in strategies:
-            runs = [simulate(profile, machine, spec, updates, seed=seed * 100003 + k + 7919 * j) for j in range(rounds)]
-            samples, seconds = (sum(getattr(r, x)[warmup:].sum() for r in runs) for x in ("samples", "seconds"))
-            rates[spec] = float(samples / seconds)
+            runs = [simulate(profile, machine, spec, updates, seed=run_seed(seed, k, j)) for j in range(rounds)]
+            samples = sum(r.samples[warmup:].sum() for r in runs)
+            rates[spec] = float(samples / sum(r.seconds[warmup:].sum() for r in runs))
         rows.append({"profile": profile.to_dict(), "rates": rates})
         if echo is not None:
             echo(k + 1, count)

@@ -166,14 +166,25 @@ def test_measurements_of_the_updates_a_rank_sat_out():
     assert starved(two, 0.5) == 1
 
 
-def test_a_rank_is_tried_out_only_from_the_fits_split():
-    # the first interval ran at a split the fit moves away from: the trial waits for the fit's
-    # split, so the update it is measured against is the best one with the rank
+def test_a_starved_rank_is_tried_out_at_once_where_the_fit_moves_too():
+    # the first interval ran at a split the fit moves away from: the trial does not wait for the
+    # fit's split (REAL competing-process waited 9 intervals at 0.15 of the others' share, while
+    # the noisy fits of ranks sharing cores moved the split at every rebalance)
     history, notes = run(sitting_out(), 3, HIDDEN, STARVED, sizes=[50, 30, 30, 18])
-    assert min(history[1]) >= 30 and notes[0] is None, (history, notes)  # the fit's ~32 each
-    assert (
-        history[2][3] == 0 and sorted(history[2]) == [0, 42, 43, 43] and notes[1].startswith("rank 3 is tried out")
-    ), (history, notes)
+    assert history[1][3] == 0 and sum(history[1]) == 128 and max(history[1]) <= 44, (history, notes)  # the fit's
+    assert notes[0].startswith("rank 3 is tried out") and notes[1].startswith("rank 3 sits out: measured"), notes
+
+
+def test_a_trial_measured_against_a_bad_split_is_undone_when_the_rank_is_measured_again():
+    # rank 3 costs nothing in the allreduce, but the interval before its trial ran a split that
+    # gave it 104 samples (61 ms per update): the three without it at 43 each (31 ms) measure
+    # faster, so it stays out; after sit_out = 4 rebalances it is back at the fit's share, whose
+    # updates (25 ms) are no slower than those without it, and it stays
+    history, notes = run(sitting_out(), 9, [0.0] * 4, STARVED, sizes=[8, 8, 8, 104])
+    assert [h[3] == 0 for h in history[1:7]] == [True] * 5 + [False], (history, notes)
+    assert notes[0].startswith("rank 3 is tried out") and notes[1].startswith("rank 3 sits out: measured"), notes
+    assert notes[5].startswith("rank 3 is back: after 4 rebalances out"), notes
+    assert notes[6] is None and history[7] == [32] * 4, (history, notes)
 
 
 def test_a_trial_after_many_updates_is_measured_against_the_interval_just_before():

@@ -188,6 +188,42 @@ def test_rounds_pool_runs_with_their_own_noise_and_the_first_is_the_single_run(t
     assert isinstance(bad.exception, UsageError) and "--rounds must be" in str(bad.exception)
 
 
+def test_a_miss_is_told_apart_as_the_split_or_the_run(tmp_path, capsys):
+    from bno_hvd.lab.sim.engine import simulate
+    from bno_hvd.lab.sim.families import random_profile, run_families, run_seed
+    from bno_hvd.lab.sim.machine import Machine
+    from bno_hvd.lab.sim.misses import explain, held_longest, main
+
+    assert held_longest([[16, 16], [20, 12], [18, 14], [20, 12], [18, 14]]) == [20, 12]  # ties: the earliest
+    assert held_longest([[16, 16], [16, 16]]) == [16, 16]
+    machine = Machine.load()
+    rows = run_families(machine, 3, 7, ("equal", "balanced", "lbbsp"))
+    rows[1]["rates"]["balanced"] = 0.5 * rows[1]["rates"]["lbbsp"]  # a miss against lbbsp, as if measured
+    found = [m for m in explain(rows, machine) if m["profile"] == "random-7-1"]
+    assert len(found) == 1 and found[0]["peer"] == "lbbsp" and found[0]["ratio"] == pytest.approx(0.5)
+    # its kind is read off the two splits each held longest, kept fixed with the run's own noise
+    rng = np.random.default_rng(7)
+    profile = [random_profile(rng, f"random-7-{k}", 120) for k in range(2)][1]
+    runs = {s: simulate(profile, machine, s, 120, seed=run_seed(7, 1)) for s in ("balanced", "lbbsp")}
+    fixed = {}
+    for s, run in runs.items():
+        assert found[0]["split" if s == "balanced" else "peer_split"] == held_longest(run.splits)
+        kept = simulate(profile, machine, held_longest(run.splits), 120, seed=run_seed(7, 1))
+        fixed[s] = kept.samples[20:].sum() / kept.seconds[20:].sum()
+    assert found[0]["fixed_ratio"] == pytest.approx(fixed["balanced"] / fixed["lbbsp"], rel=1e-12)
+    assert found[0]["kind"] == ("split" if fixed["balanced"] < 0.97 * fixed["lbbsp"] else "run")
+    path = tmp_path / "simulate.json"
+    path.write_text(json.dumps(rows))
+    main([str(path)])
+    printed = capsys.readouterr().out
+    assert f"| random-7-1 | 0.500 | lbbsp | {found[0]['fixed_ratio']:.3f} |" in printed, printed
+    assert f"of 3 profiles below 0.97 of the best peer: {{'{found[0]['kind']}': 1" in printed, printed
+    rows[2]["profile"]["period_ms"] += 1.0  # not the profile its name draws
+    with pytest.raises(ValueError, match="differs from the file's"):
+        rows[2]["rates"]["balanced"] = 0.1
+        explain(rows, machine)
+
+
 @pytest.mark.parametrize(
     "args, says",
     [(["--profiles", "0"], "--profiles must be"), (["--strategies", "equal,nope"], "unknown strategy"),

@@ -10,4 +10,5 @@ is ``docs/simulator.md``.
 - :mod:`.calibration` - fitting the machine from the REAL suite's logs
 - :mod:`.realsuite` - the REAL suite's profiles, and the validation table
 - :mod:`.families` - random profiles: ``bno-hvd simulate``
+- :mod:`.misses` - why ``balanced`` is below the best peer on a profile: its split, or its run
 """

@@ -68,6 +68,11 @@ def run_seed(seed: int, k: int, round_: int = 0) -> int:
     return seed * 100003 + k + 7919 * round_
 
 
+def pooled_rate(runs, warmup: int = 20) -> float:
+    """Samples/s of ``runs`` over their updates after ``warmup``: all samples over all seconds."""
+    return float(sum(r.samples[warmup:].sum() for r in runs) / sum(r.seconds[warmup:].sum() for r in runs))
+
+
 def run_families(
     machine: Machine, count: int, seed: int, strategies=DEFAULT_STRATEGIES, updates=120, warmup=20, echo=None, rounds=1
 ):
@@ -82,8 +87,7 @@ def run_families(
         rates = {}
         for spec in strategies:
             runs = [simulate(profile, machine, spec, updates, seed=run_seed(seed, k, j)) for j in range(rounds)]
-            samples = sum(r.samples[warmup:].sum() for r in runs)
-            rates[spec] = float(samples / sum(r.seconds[warmup:].sum() for r in runs))
+            rates[spec] = pooled_rate(runs, warmup)
         rows.append({"profile": profile.to_dict(), "rates": rates})
         if echo is not None:
             echo(k + 1, count)

@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from bno_hvd.lab.sim.engine import simulate
-from bno_hvd.lab.sim.families import random_profile, run_seed
+from bno_hvd.lab.sim.families import pooled_rate, random_profile, run_seed
 from bno_hvd.lab.sim.machine import Machine
 
 UPDATES, WARMUP = 120, 20  # as run_families runs them
@@ -38,10 +38,6 @@ def held_longest(splits) -> list[int]:
     split, not counted: every strategy begins there); ties: the earliest."""
     counts = collections.Counter(tuple(s) for s in splits[1:] or splits)
     return list(max(counts, key=lambda s: (counts[s], -[tuple(x) for x in splits].index(s))))
-
-
-def rate(run) -> float:
-    return float(run.samples[WARMUP:].sum() / run.seconds[WARMUP:].sum())
 
 
 def explain(rows, machine: Machine, below: float = 0.97, strategy: str = "balanced") -> list[dict]:
@@ -57,11 +53,10 @@ def explain(rows, machine: Machine, below: float = 0.97, strategy: str = "balanc
     profiles = _profiles(rows, max((k for _, k, _ in misses), default=-1) + 1)
     out = []
     for ratio, k, peer in sorted(misses):
-        profile, seed = profiles[k], _seed_and_index(rows[k])[0]
-        noise = run_seed(seed, _seed_and_index(rows[k])[1])
+        profile, noise = profiles[k], run_seed(*_seed_and_index(rows[k]))
         runs = {s: simulate(profile, machine, s, UPDATES, seed=noise) for s in (strategy, peer)}
         splits = {s: held_longest(r.splits) for s, r in runs.items()}
-        fixed = {s: rate(simulate(profile, machine, splits[s], UPDATES, seed=noise)) for s in splits}
+        fixed = {s: pooled_rate([simulate(profile, machine, splits[s], UPDATES, seed=noise)], WARMUP) for s in splits}
         own = fixed[strategy] / fixed[peer]
         out.append(
             {
@@ -71,7 +66,7 @@ def explain(rows, machine: Machine, below: float = 0.97, strategy: str = "balanc
                 "split": splits[strategy],
                 "peer_split": splits[peer],
                 "fixed_ratio": own,
-                "run_of_fixed": rate(runs[strategy]) / fixed[strategy],
+                "run_of_fixed": pooled_rate([runs[strategy]], WARMUP) / fixed[strategy],
                 "kind": "split" if own < below else "run",
             }
         )
@@ -94,7 +89,10 @@ def _profiles(rows, count: int) -> list:
     for k in range(count):
         profile = random_profile(rng, f"random-{seed}-{k}", UPDATES)
         if json.loads(json.dumps(profile.to_dict())) != rows[k]["profile"]:
-            raise ValueError(f"{profile.name} drawn again differs from the file's (another version of the families?)")
+            raise ValueError(
+                f"{profile.name} drawn again differs from the file's "
+                "(another --updates than 120, or another version of the families?)"
+            )
         profiles.append(profile)
     return profiles
 

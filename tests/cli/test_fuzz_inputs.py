@@ -61,7 +61,7 @@ def test_fuzz_surface(surface, tmp_path_factory, fixture_modules):
     def holds(inp):
         directory = Path(tempfile.mkdtemp(dir=base))
         try:
-            result = result_or_one_line(lambda: surface.run(inp, directory))
+            result = result_or_one_line(lambda: surface.run(inp, directory), surface.time_limit)
             counts["refused" if result is None else "results"] += 1
             if result is not None:
                 surface.check(inp, result)
@@ -269,7 +269,7 @@ def test_escape_found_is_refused_in_one_line(surface, inp, words, tmp_path, fixt
             messages.append(str(err))
             raise
 
-    assert result_or_one_line(call) is None, "accepted"
+    assert result_or_one_line(call, BY_NAME[surface].time_limit) is None, "accepted"
     assert words in messages[0], messages[0]
 
 
@@ -306,4 +306,5 @@ def test_escapes_found_with_a_valid_answer(tmp_path, fixture_modules):
 def test_a_slurm_task_count_with_a_leading_zero_is_decimal(tmp_path):
     # slurm-job: a task count with a leading zero was octal to bash ("value too great for base")
     job = {"env": {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "08"}, "args": ["--updates", "3"]}
-    assert result_or_one_line(lambda: BY_NAME["slurm-job"].run(job, tmp_path)) == 8
+    slurm = BY_NAME["slurm-job"]
+    assert result_or_one_line(lambda: slurm.run(job, tmp_path), slurm.time_limit) == 8

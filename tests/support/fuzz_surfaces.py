@@ -22,7 +22,7 @@ from support import fuzz_strategies as fs
 from support import fuzz_surfaces_cli as fcli
 from support import fuzz_surfaces_run as frun
 from support import fuzz_trees as ft
-from support.fuzz_property import assert_one_line, in_range, write_file
+from support.fuzz_property import PROCESS_LIMIT, TIME_LIMIT, assert_one_line, in_range, write_file
 
 from bno_hvd.allocation import STRATEGY_NAMES, load_metrics_file, make_strategy
 from bno_hvd.cli.hostfile import parse_hostfile, write_clean_hostfile
@@ -43,6 +43,7 @@ class Surface:
     check: Callable[[Any, Any], None] = lambda inp, result: None  # asserts a result is valid
     weight: float = 1.0  # share of the example budget (slow surfaces get less)
     todo: str | None = None  # placeholder: why it is skipped
+    time_limit: float = TIME_LIMIT  # seconds an example may take (more where it starts a process)
 
     def examples(self) -> int:
         total = os.environ.get("BNO_FUZZ_EXAMPLES")
@@ -273,5 +274,12 @@ SURFACES = [
     Surface("max-batch", frun.cap_inputs, frun.run_caps, frun.check_caps),
     Surface("tensorboard-dir", frun.tensorboard_inputs, frun.run_tensorboard, frun.check_tensorboard_dir, weight=0.3),
     Surface("launcher-env", frun.launcher_envs, frun.run_launcher_env, frun.check_launcher_env),
-    Surface("slurm-job", frun.slurm_inputs, frun.run_slurm_job, frun.check_slurm_job, weight=0.1),
+    Surface(
+        "slurm-job",
+        frun.slurm_inputs,
+        frun.run_slurm_job,
+        frun.check_slurm_job,
+        weight=0.1,
+        time_limit=PROCESS_LIMIT + 10,
+    ),
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 from support import fuzz_strategies as fs
-from support.fuzz_property import assert_one_line, in_range, write_file
+from support.fuzz_property import PROCESS_LIMIT, assert_one_line, in_range, write_file
 from support.fuzz_surfaces_cli import int_text, path_text
 from support.jobs import ROOT
 
@@ -180,10 +180,10 @@ def run_slurm_job(inp, directory):
             capture_output=True,
             text=True,
             errors="replace",
-            timeout=60,
+            timeout=PROCESS_LIMIT,
         )
     except subprocess.TimeoutExpired:
-        raise AssertionError("launch/slurm-job did not finish within 60 s (a hang)") from None
+        raise AssertionError(f"launch/slurm-job did not finish within {PROCESS_LIMIT:g} s (a hang)") from None
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     if lines and lines[-1].startswith("bno-hvd: error: BNO_SLURM_LAUNCHER must be"):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 from support import fuzz_strategies as fs
-from support.fuzz_property import PROCESS_LIMIT, assert_one_line, in_range, write_file
+from support.fuzz_property import assert_one_line, in_range, write_file
 from support.fuzz_surfaces_cli import int_text, path_text
-from support.jobs import ROOT
+from support.jobs import CLI_TIMEOUT, ROOT
 
 from bno_hvd.common import parsing
 from bno_hvd.common.errors import UsageError
@@ -180,10 +180,10 @@ def run_slurm_job(inp, directory):
             capture_output=True,
             text=True,
             errors="replace",
-            timeout=PROCESS_LIMIT,
+            timeout=CLI_TIMEOUT,
         )
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"launch/slurm-job did not finish within {PROCESS_LIMIT:g} s (a hang)") from None
+        raise AssertionError(f"launch/slurm-job did not finish within {CLI_TIMEOUT:g} s (a hang)") from None
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     if lines and lines[-1].startswith("bno-hvd: error: BNO_SLURM_LAUNCHER must be"):

@@ -12,6 +12,7 @@ from bno_hvd.cli import launching
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_BIN = os.path.dirname(sys.executable)
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+CLI_TIMEOUT = 120  # s a plain bno-hvd subprocess may take before it counts as a hang (it imports torch first)
 
 
 # A rank of a torchrun job on Gloo can hang in its exit after its work is done: torch frees a Gloo
@@ -102,7 +103,7 @@ def bno_cmd(*args):
     return [sys.executable, "-m", "bno_hvd", *args]
 
 
-def run_cli(*args, timeout=120, env=None):
+def run_cli(*args, timeout=CLI_TIMEOUT, env=None):
     """``bno-hvd ARGS`` in a plain (non-MPI) subprocess."""
     return subprocess.run(bno_cmd(*args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from bno_hvd.allocation.balanced import EqualFinishStrategy
 from bno_hvd.lab.sim.engine import simulate
-from bno_hvd.lab.sim.families import random_profile
+from bno_hvd.lab.sim.families import random_profile, run_seed
 from bno_hvd.lab.sim.machine import Machine
 
 PEERS = ("equal", "lbbsp", "proportional", "fixed")
@@ -98,7 +98,7 @@ def rates_of(name, variant, machine, args) -> list[float]:
     rng, out = np.random.default_rng(args.seed), []
     for k in range(args.profiles):
         profile = random_profile(rng, f"random-{args.seed}-{k}", args.updates)
-        seed = args.seed * 100003 + k  # as bno-hvd simulate: the same noise for every strategy
+        seed = run_seed(args.seed, k)  # as bno-hvd simulate: the same noise for every strategy
         run = simulate(profile, machine, spec_for(variant, profile, seed), args.updates, seed=seed)
         out.append(float(run.samples[20:].sum() / run.seconds[20:].sum()))
     json.dump(out, open(path, "w"))

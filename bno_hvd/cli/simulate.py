@@ -15,10 +15,11 @@ DEFAULT = "equal,balanced,lbbsp,proportional,fixed"
 def check_simulate_flags(profiles: int, seed: int, updates: int, specs: list[str], rounds: int = 1) -> None:
     """The flags, before anything runs: one line naming the flag that is wrong."""
     from bno_hvd.allocation import check_spec
+    from bno_hvd.common.parsing import SEED
 
     for flag, value, low, high in (
         ("--profiles", profiles, 1, 10**6),
-        ("--seed", seed, 0, 2**31),
+        ("--seed", seed, SEED.low, SEED.high),
         ("--updates", updates, 40, 10**5),
         ("--rounds", rounds, 1, 100),
     ):

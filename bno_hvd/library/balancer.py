@@ -1,26 +1,11 @@
 """The public API: uneven, measured batch allocation inside any Horovod training loop.
 
-``Balancer`` is the runtime around an allocation :mod:`strategy <bno_hvd.allocation>` (``balanced``,
-``bno``, ...): it measures this rank, rebalances every K updates through rank 0, and hands each
-rank its slice of the global batch and the loss weight that makes uneven slices exact.
-
-Usage (docs/porting.md, "The explicit API", has the full example)::
-
-    bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
-    loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
-    for batch in bal.batches(loader, updates=100):     # epoch after epoch
-        step = bal.start_step(batch)                    # checks the batch, gives the loss weight
-        x, y = batch.data
-        opt.zero_grad()
-        (F.cross_entropy(model(x), y) * step.weight).backward()
-        bal.end_compute()
-        opt.step()
-        bal.end_step()                                  # measures; rebalances every K updates
-
-Without a loader, ``start_step()`` gives ``step.indices`` to index an in-memory dataset.
-The drop-in surface for a Horovod script (no calls inside the loop) is :mod:`bno_hvd.library.dropin`:
-``Balancer.for_world``, ``bno_hvd.DataLoader``, ``bno_hvd.DistributedOptimizer``.
+``Balancer`` is the runtime around an allocation :mod:`strategy <bno_hvd.allocation>`: it measures
+this rank, rebalances every K updates through rank 0, and hands each rank its slice of the global
+batch and the loss weight that makes uneven slices exact (a loop of your own: its docstring). Its
+parts, each in its own module: the clock (``library.timing``), the CPU limit
+(``processes.cpulimit``), the control plane and plan (``library.control``), the sample stream
+(``allocation.sampler``). The drop-in surface for a Horovod script: :mod:`bno_hvd.library.dropin`.
 """
 
 from __future__ import annotations
@@ -47,24 +32,39 @@ __all__ = ["Balancer", "Step", "StepStats", "TextOptions"]
 
 
 class Balancer(SamplerFace):
-    """Measures this rank, rebalances every ``rebalance_every`` updates through rank 0, and
-    hands out each rank's slice of the global batch.
+    """Measures this rank, rebalances every ``rebalance_every`` updates through rank 0, and hands
+    out each rank's slice of the global batch with the loss weight that makes uneven slices exact:
+    built in a sampler's place by :meth:`for_world`, or in a loop of your own (below).
 
-    ``comm`` is an mpi4py communicator reserved for the control plane; ``strategy`` an
-    :class:`bno_hvd.Strategy` (used on rank 0; all ranks must pass the same kind).
-    ``monitor`` is an optional started :class:`bno_hvd.library.control.monitor.MetricsMonitor`;
-    ``max_batch`` this rank's memory cap in samples; ``text`` a :class:`~bno_hvd.library.step.TextOptions`
-    for samples of their own lengths (token sequences); ``lag`` the allocation lag D (None: the
-    smallest that suits the loader, see ``bno_hvd.allocation.plan``); ``report_filter(report, update)``
-    may change what this rank reports (fault injection uses it); ``sync()`` waits for a GPU's
-    queued work before the end of compute is timed; ``sit_out``: the strategy may give a rank
-    other than 0 no samples, for a loop that then leaves it out of the allreduce, as bno-hvd's
-    own does (``bno_hvd.library.catchup``; a user's loop would compute on an empty batch).
+    Args:
+        comm: an mpi4py communicator reserved for the control plane (``MPI.COMM_WORLD.Dup()``).
+        strategy: a :class:`~bno_hvd.Strategy` (used on rank 0; all ranks pass the same kind).
+        dataset_len: the number of samples in the dataset.
+        seed: the sample order, and the per-sample augmentation and dropout seeds.
+        rebalance_every: updates between two rebalances.
+        monitor: an optional started :class:`~bno_hvd.MetricsMonitor`.
+        window: recent steps per rank that the strategy's fits see.
+        max_batch: this rank's memory cap in samples (larger batches run as micro-batches).
+        lag: the allocation lag D (None: the smallest that suits the loader).
+        report_filter: ``report_filter(report, update)`` may change what this rank reports (faults).
+        sync: ``sync()`` waits for a GPU's queued work before the end of compute is timed.
+        sit_out: the strategy may give a rank other than 0 no samples, for a loop that then leaves
+            it out of the allreduce, as bno-hvd's own does (``bno_hvd.library.catchup``).
+        text: a :class:`~bno_hvd.TextOptions` for samples of their own lengths (token sequences).
 
-    Its parts, each in its own module: the clock (``library.timing.StepTimer``),
-    the CPU limit (``processes.cpulimit.BindingLimit``), the control plane and the
-    plan of allocations (``library.control.controller.Controller``), the sample
-    stream (``allocation.sampler.UnevenSampler``).
+    Example (without a loader, ``start_step()`` gives ``step.indices`` instead)::
+
+        bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("balanced", hvd.size(), 32), len(data))
+        loader = bal.loader(data, num_workers=2)           # this rank's slices, through a DataLoader
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
+        for batch in bal.batches(loader, updates=100):     # epoch after epoch
+            step = bal.start_step(batch)                    # checks the batch, gives the loss weight
+            x, y = batch.data
+            opt.zero_grad()
+            (F.cross_entropy(model(x), y) * step.weight).backward()
+            bal.end_compute()
+            opt.step()
+            bal.end_step()                                  # measures; rebalances every K updates
     """
 
     def __init__(
@@ -115,6 +115,10 @@ class Balancer(SamplerFace):
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
+        # True where a drop-in weights each rank's gradients by its share after the backward (the Horovod
+        # drop-in's optimizer, the DDP drop-in's hook) instead of the loop weighting its loss: exact
+        # BatchNorm's backward then works in that frame (bno_hvd.library.batchnorm)
+        self.gradients_weighted = False
         self._step: Step | None = None
         self._computed = False  # end_compute() came for the open step
         self._sat_out = False  # this rank had no samples in its last update

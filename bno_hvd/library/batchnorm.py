@@ -175,7 +175,22 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
     (``World.sit_out_sets``; the loop asks it for each update's set first); None: every rank
     always computes. Prints one ``bno-hvd: note:``
     (rank 0) naming the layers that use batch statistics and stay as they are. Collective in no way:
-    call it on every rank alike, before the first training forward."""
+    call it on every rank alike, before the first training forward.
+
+    Args:
+        model: the ``nn.Module`` whose ``BatchNorm1d/2d/3d`` (and ``SyncBatchNorm``) layers are
+            replaced in place; parameters, buffers and ``state_dict`` keys stay the same.
+        balancer: the :class:`~bno_hvd.Balancer` whose loader feeds the model.
+        process_sets: the process sets of a loop whose ranks may sit out (None: every rank
+            always computes).
+
+    Example::
+
+        model = bno.exact_batchnorm(torchvision.models.resnet18(num_classes=10), train_sampler)
+        for data, target in train_loader:    # bno.DataLoader: each forward takes the whole batch
+            ...                              # normalised by the global batch's statistics
+        model.eval()                         # the running statistics, with no communication
+    """
     collectives = functools.cache(running_collectives)  # the job's, found at the first training forward
 
     def reduce(tensor, name, sizes):
@@ -200,7 +215,7 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
                 "samples; run the model on the whole batch (BatchNorm cannot be exact over micro-batches)",
                 rank=balancer.rank,
             )
-        frame = step.weight if getattr(balancer, "gradients_weighted", False) else 1.0
+        frame = step.weight if balancer.gradients_weighted else 1.0
         return UpdateContext(lambda t, name: reduce(t, name, step.batch_sizes), frame, balancer.rank)
 
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm)]

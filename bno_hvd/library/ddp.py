@@ -60,7 +60,25 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
     ``find_unused_parameters``, ``process_group``, ``gradient_as_bucket_view``, ...).
 
     The learning rate is used as set (a strategy that changes the global batch, ``bno``, would
-    want it scaled: the Horovod drop-in's optimizer does that; here, scale it in the loop)."""
+    want it scaled: the Horovod drop-in's optimizer does that; here, scale it in the loop).
+
+    Args:
+        module: the plain model (not wrapped in torch's DDP yet), on its device.
+        balancer: the :class:`~bno_hvd.Balancer` over every rank of the default process group.
+        **ddp_options: passed on to ``torch.nn.parallel.DistributedDataParallel``.
+
+    Example::
+
+        dist.init_process_group("gloo")                      # under torchrun
+        train_sampler = bno.Balancer.for_world(train_set, 32)
+        train_loader = bno.DataLoader(train_set, sampler=train_sampler)
+        model = bno.exact_dropout(Net(), train_sampler)
+        model = bno.DistributedDataParallel(model, balancer=train_sampler)   # was DDP(model)
+        for data, target in train_loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(data), target).backward()  # the mean over the global batch
+            optimizer.step()
+    """
     from bno_hvd.library.balancer import Balancer
     from bno_hvd.processes.world import one_line_errors
 
@@ -80,6 +98,7 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     ddp.register_comm_hook(WeightedAllreduce(lambda: _weight(balancer), group), weighted_allreduce_hook)
     _KEPT_GROUPS.append(ddp.process_group)
+    balancer.gradients_weighted = True  # exact BatchNorm's backward works in the hook's frame (library/batchnorm.py)
     _StepEnds(balancer, ddp)
     return ddp
 

@@ -10,7 +10,9 @@ One job runs every case given, one after another, each writing to ``OUT_DIR/MODE
 - ``MODE dropin``: a plain Horovod loop with ``bno.DataLoader`` / ``bno.DistributedOptimizer``
   (``op=hvd.Average``: each rank's gradients are weighted, not its loss) and ``bno.exact(model)``;
   ``plain`` leaves the model as it is (with a rank at 1 sample, torch's BatchNorm1d refuses the
-  batch). Rank 0 saves the model (``model.pt``).
+  batch). Rank 0 saves the model (``model.pt``). With ``--dropin=ddp`` among the cases the loop is
+  a DDP script's instead: torch.distributed on Gloo (set up from the MPI world) and
+  ``bno.DistributedDataParallel`` (its hook weights each rank's gradients).
 - ``MODE sitout``: bno-hvd's own loop pieces (``Balancer(sit_out=True)``, its loader,
   :class:`~bno_hvd.library.catchup.CatchUp`) with rank 3 at 0 samples for some updates, float64.
 - ``MODE multisit``: as ``sitout``, with several ranks out at once (up to 3 of 4), five sets of
@@ -113,16 +115,21 @@ class Reports:
             )
 
 
-def run_dropin(mode, model_name, data, plain):
+def run_dropin(mode, model_name, data, plain, ddp=False):
     updates = UPDATES // 3 if model_name == "resnet18" else UPDATES  # 2 splits: resnet18 is the costly one
-    bal = bno.Balancer.for_world(data, 4, strategy_for(mode, hvd.size()), seed=SEED, rebalance_every=2)
+    size = torch.distributed.get_world_size() if ddp else hvd.size()
+    bal = bno.Balancer.for_world(data, 4, strategy_for(mode, size), seed=SEED, rebalance_every=2)
     loader = bno.DataLoader(data, sampler=bal)
     model = model_named(model_name)
     if not plain:
         model = bno.exact(model, bal)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=bal)
+    if ddp:  # a DDP script: the hook weights the gradients; DDP sends rank 0's parameters itself
+        model = bno.DistributedDataParallel(model, balancer=bal)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=bal)
     reports, done = Reports(MPI.COMM_WORLD.Dup()), 0
     while done < updates:
         for images, labels in loader:
@@ -134,7 +141,7 @@ def run_dropin(mode, model_name, data, plain):
             done += 1
             if done == updates:
                 break
-    return model, reports
+    return (model.module if ddp else model), reports
 
 
 def run_sitout(world, mode, model_name, data):
@@ -177,7 +184,12 @@ def main():
     root, out, *cases = sys.argv[1:]
     engine = "torch" if "--engine=torch" in cases else "horovod"
     collectives = "gloo" if "--collectives=gloo" in cases else "mpi"
+    ddp = "--dropin=ddp" in cases
     cases = [c for c in cases if not c.startswith("--")]
+    if ddp:
+        from bno_hvd.processes.torchenv import init_process_group
+
+        init_process_group("gloo")
     torch.set_num_threads(1)
     data = datasets.FashionMNIST(root, train=True, transform=transforms.ToTensor(), download=False)
     # the sit-out modes need bno-hvd's world (Horovod's process sets); the drop-in's hvd.init() is
@@ -188,12 +200,12 @@ def main():
         torch.set_default_dtype(torch.float64 if mode in ("dropin", "sitout", "multisit") else torch.float32)
         torch.manual_seed(SEED)
         if mode == "dropin":
-            if not hvd.is_initialized():
+            if not ddp and not hvd.is_initialized():
                 hvd.init()
-            model, reports = run_dropin(mode, model_name, data, plain == ["plain"])
+            model, reports = run_dropin(mode, model_name, data, plain == ["plain"], ddp)
         else:
             model, reports = run_sitout(world, mode, model_name, data)
-        if (world.rank if world else hvd.rank()) == 0:
+        if (world.rank if world else MPI.COMM_WORLD.Get_rank()) == 0:
             where = os.path.join(out, case.replace(":", "-"))
             os.makedirs(where)
             torch.save(model.state_dict(), os.path.join(where, "model.pt"))

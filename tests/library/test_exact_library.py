@@ -118,9 +118,8 @@ def test_the_drop_in_with_exact_batchnorm_equals_one_process(dropin, model, upda
     stats = max_relative_difference(running_stats(four), running_stats(one))
     print(f"{dropin} drop-in {model}: 4 ranks vs 1 process {diff:.2e} (running statistics {stats:.2e})")
     assert running_stats(one) and diff <= 1e-10 and stats <= 1e-10
-    if (
-        model == "mlp" and dropin == "horovod"
-    ):  # without bno.exact, the rank at 1 sample cannot even train: the job's last case
+    # without bno.exact, the rank at 1 sample cannot even train: the Horovod job's last case
+    if model == "mlp" and dropin == "horovod":
         assert proc.returncode != 0 and REFUSED in proc.stderr, proc.stderr[-4000:]
 
 

@@ -59,9 +59,22 @@ def make_strategy(
 ) -> Strategy:
     """Build the named strategy; any bad argument raises :class:`UsageError` with a fix.
 
-    ``batch_sizes`` is required by (and only allowed for) ``fixed``. ``options`` are the
-    strategy's own knobs (e.g. ``deadband``/``sit_out`` for ``balanced``); ``name`` may carry
-    them too, as a spec ``balanced:deadband=0.1:sit_out=0`` (``split_spec``).
+    Args:
+        name: ``balanced``, ``bno``, ``equal``, ``random``, ``fixed``, ``proportional``, ``lbbsp``
+            or ``paramhub``, optionally with options as a spec: ``balanced:deadband=0.1:sit_out=0``.
+        n_ranks: the number of ranks N.
+        base_batch_size: the per-rank base batch B.
+        global_batch: the samples of one update (None: N*B).
+        seed: for strategies that draw (``random``).
+        batch_sizes: the split of ``fixed`` (required by it, refused by the others).
+        **options: the strategy's own knobs (``balanced``: ``deadband``, ``sit_out``, ``window``,
+            ``starved_share``; docs/heterogeneity.md).
+
+    Example::
+
+        strategy = bno.make_strategy("balanced", hvd.size(), 32, deadband=0.1)
+        fixed = bno.make_strategy("fixed", 4, 32, batch_sizes=[40, 40, 40, 8])
+        train_sampler = bno.Balancer.for_world(train_set, 32, strategy)
     """
     name, spec_options = split_spec(name)
     options = {**spec_options, **options}

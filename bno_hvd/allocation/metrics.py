@@ -50,14 +50,29 @@ SYMMETRY_ATOL = 1e-3  # seconds
 
 @dataclass
 class ClusterMetrics:
-    """Per-rank measurements gathered on rank 0. Lists have length N (index = rank).
+    """Per-rank measurements gathered on rank 0: what :meth:`~bno_hvd.Strategy.rebalance` reads.
+    Lists have length N (index = rank); a missing number is None (or NaN).
 
-    ``latency`` may be a list of lists or an NxN numpy array (``latency[i][j]`` works for both).
+    Args:
+        ops: samples/s per rank.
+        memory_used: bytes in use per rank.
+        latency: NxN seconds, ``latency[i][j]`` the measured round trip i -> j, diagonal 0 (a list
+            of lists or a numpy array).
+        compute_samples: per rank, recent ``(batch_size, compute_seconds)`` pairs.
+        max_batch: per rank, its memory cap in samples (None: no cap).
+        sync_samples: per rank, recent ``(update, sync_seconds)`` pairs.
+        sync_cpu: per rank, CPU seconds of one sync phase.
+        cpu_limit: per rank, its CPU limit in cores (None: none).
+        cpu_period: per rank, the CFS period of that limit in seconds.
+        cycle_samples: per rank, recent ``(update, seconds)`` of whole updates.
+        cpu_share: per rank, time on a CPU over runnable time.
+        cpu_per_wall: per rank, CPU seconds per wall second.
 
-    Usage::
+    Example::
 
         m = ClusterMetrics(ops=[100.0, 50.0], memory_used=[1e9, 2e9], latency=[[0, 1e-4], [1e-4, 0]])
-        m.validate()
+        m.validate()                                     # a UsageError outside the physical ranges
+        make_strategy("proportional", 2, 32).rebalance(m, [32, 32], update=10)   # [43, 21]
     """
 
     ops: list  # list[float | None]: samples/s; None or NaN = not measured

@@ -26,11 +26,25 @@ class Strategy:
     Subclasses set ``name``, list their keyword options with defaults in ``OPTIONS`` and
     implement ``rebalance``. Unknown options raise :class:`UsageError`.
 
-    Usage::
+    Args:
+        n_ranks: the number of ranks N.
+        base_batch_size: the per-rank base batch B.
+        global_batch: the samples of one update, split over the ranks (None: N*B).
+        seed: for strategies that draw (``random``).
+        **options: the strategy's own, named in ``OPTIONS`` (e.g. ``deadband`` of ``balanced``).
 
-        s = make_strategy("balanced", n_ranks=4, base_batch_size=32)
-        sizes = s.initial()
-        sizes = s.rebalance(metrics, sizes, update=100)
+    Example (a strategy of your own, given to a Balancer in place of a name)::
+
+        class ByThroughput(bno.Strategy):
+            name = "by-throughput"
+
+            def rebalance(self, metrics, current, update):
+                self._begin(metrics, current)          # checks the sizes, clears the last notes
+                ops = metrics.ops_array()              # samples/s per rank, NaN: not measured
+                return self._split(ops) if np.isfinite(ops).all() else list(current)
+
+        strategy = ByThroughput(n_ranks=4, base_batch_size=32)
+        strategy.initial()                             # [32, 32, 32, 32]
     """
 
     name: str = "base"

@@ -18,7 +18,19 @@ from __future__ import annotations
 
 
 class UsageError(ValueError):
-    """A user error: bad flag, bad file, bad shape. ``str(err)`` is one line that says how to fix it."""
+    """A user error: bad flag, bad file, bad shape. ``str(err)`` is one line that says how to fix it.
+
+    Args:
+        message: the one line.
+        rank: the rank that alone found it (None: every rank did, and rank 0 reports it).
+
+    Example::
+
+        try:
+            bno.make_strategy("balanced", 4, 0)
+        except bno.UsageError as err:
+            print(err)       # base batch size (--base-batch-size) must be an integer >= 1, got 0
+    """
 
     exit_code = 2
 
@@ -47,7 +59,17 @@ def import_horovod():
 
 
 class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. a non-finite loss); the message is one line. Raised on every rank."""
+    """The run cannot go on (e.g. a non-finite loss, or a broken internal check: a bug in bno-hvd);
+    the message is one line. Raised on every rank; uncaught in a script that uses a drop-in, rank 0
+    prints it as one ``bno-hvd: error:`` line and the job exits with 1.
+
+    Example::
+
+        try:
+            train(model, optimizer, train_loader)
+        except bno.TrainingError as err:
+            print(f"stopped: {err}")
+    """
 
     exit_code = 1
     rank = None

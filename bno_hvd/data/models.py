@@ -98,10 +98,23 @@ class InputAdapter(nn.Module):
 
 
 def build_model(spec: str, num_classes: int = 10, input_shape: tuple[int, int, int] = MNIST_SHAPE) -> nn.Module:
-    """The model ``spec`` names, with random weights, for images of ``input_shape`` (C, H, W).
+    """The model ``spec`` names, with random weights, for images of ``input_shape`` (C, H, W): what
+    ``bno-hvd train --model`` builds.
 
     Raises :class:`UsageError` for an unknown name, a ``module:function`` that does not import or
     does not return a Module, or a non-positive ``num_classes``.
+
+    Args:
+        spec: ``cnn`` (the baseline CNN), a torchvision classification model (``resnet18``, ...;
+            inputs resized to what it needs) or ``package.module:function`` (called with
+            ``num_classes=`` where it takes it).
+        num_classes: the classifier's outputs.
+        input_shape: ``(channels, height, width)`` of the images (Fashion-MNIST's by default).
+
+    Example::
+
+        model = bno.build_model("cnn")                               # Fashion-MNIST's 1x28x28
+        model = bno.build_model("resnet18", num_classes=100, input_shape=(3, 32, 32))
     """
     if num_classes < 1:
         raise UsageError(f"num_classes must be at least 1, got {num_classes}")

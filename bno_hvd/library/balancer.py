@@ -43,7 +43,7 @@ class Balancer(SamplerFace):
         seed: the sample order, and the per-sample augmentation and dropout seeds.
         rebalance_every: updates between two rebalances.
         monitor: an optional started :class:`~bno_hvd.MetricsMonitor`.
-        window: recent steps per rank that the strategy's fits see.
+        window: recent updates this rank keeps and reports at a rebalance (what the fits see).
         max_batch: this rank's memory cap in samples (larger batches run as micro-batches).
         lag: the allocation lag D (None: the smallest that suits the loader).
         report_filter: ``report_filter(report, update)`` may change what this rank reports (faults).

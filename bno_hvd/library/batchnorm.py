@@ -167,22 +167,19 @@ class _GlobalNorm(torch.autograd.Function):
 
 
 def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Module:
-    """Replace ``model``'s BatchNorm layers by :class:`GlobalBatchNorm` (see the module doc); returns ``model``.
-
-    ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose batches the model trains on
-    (each update's split: who computes, this rank's rows). ``process_sets``: the
-    :class:`~bno_hvd.processes.sitsets.SitOutSets` of a loop in which ranks with 0 samples sit out
-    (``World.sit_out_sets``; the loop asks it for each update's set first); None: every rank
-    always computes. Prints one ``bno-hvd: note:``
-    (rank 0) naming the layers that use batch statistics and stay as they are. Collective in no way:
-    call it on every rank alike, before the first training forward.
+    """Replace ``model``'s BatchNorm layers by ``GlobalBatchNorm``, which normalises by the global
+    batch's statistics, forward and backward (docs/exactness.md); returns ``model``. Prints one
+    ``bno-hvd: note:`` (rank 0) naming the layers that use batch statistics and stay as they are.
+    Collective in no way: call it on every rank alike, before the first training forward.
 
     Args:
         model: the ``nn.Module`` whose ``BatchNorm1d/2d/3d`` (and ``SyncBatchNorm``) layers are
             replaced in place; parameters, buffers and ``state_dict`` keys stay the same.
-        balancer: the :class:`~bno_hvd.Balancer` whose loader feeds the model.
-        process_sets: the process sets of a loop whose ranks may sit out (None: every rank
-            always computes).
+        balancer: the :class:`~bno_hvd.Balancer` whose batches the model trains on (each
+            update's split: who computes, this rank's rows).
+        process_sets: the ``bno_hvd.processes.sitsets.SitOutSets`` of a loop in which ranks with
+            0 samples sit out (``World.sit_out_sets``; the loop asks it for each update's set
+            first); None: every rank always computes.
 
     Example::
 

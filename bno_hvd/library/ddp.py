@@ -54,7 +54,7 @@ def weighted_allreduce_hook(state: WeightedAllreduce, bucket) -> torch.futures.F
 
 def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 - torch's name, so a port changes one word
     """``torch.nn.parallel.DistributedDataParallel(module, **ddp_options)`` for uneven batches: the
-    gradients are the mean over the whole global batch (:func:`weighted_allreduce_hook`), so the
+    gradients are the mean over the whole global batch (``weighted_allreduce_hook``), so the
     update is the single-process update on it. ``balancer``: the Balancer whose loader
     (:class:`bno_hvd.DataLoader`) feeds ``module``. Takes DDP's options (``device_ids``,
     ``find_unused_parameters``, ``process_group``, ``gradient_as_bucket_view``, ...).

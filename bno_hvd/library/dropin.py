@@ -53,7 +53,24 @@ class DataLoader:
     One ``for`` over it is one epoch of the balancer's stream, from where the stream stands.
     ``len()`` is the number of batches the ``for`` in progress (or the next one) yields, at the
     newest global batch: exact unless the global batch changes during the epoch (only ``bno``
-    changes it)."""
+    changes it).
+
+    Args:
+        dataset: the training set the balancer was built for (a map-style ``Dataset``).
+        sampler: the :class:`~bno_hvd.Balancer` (``Balancer.for_world``): it sets each batch's
+            size and samples.
+        **options: torch ``DataLoader``'s loading options (``num_workers``, ``pin_memory``,
+            ``collate_fn``, ``persistent_workers``, ...).
+
+    Example::
+
+        train_sampler = bno.Balancer.for_world(train_set, 32)   # was DistributedSampler(train_set)
+        train_loader = bno.DataLoader(train_set, sampler=train_sampler, num_workers=2)
+        for epoch in range(epochs):
+            train_sampler.set_epoch(epoch)                # accepted; changes nothing
+            for data, target in train_loader:             # this rank's slice of each global batch
+                ...
+    """
 
     def __init__(self, dataset, sampler=None, **options):
         if not isinstance(sampler, Balancer):
@@ -112,7 +129,25 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
     that sum over samples; ``hvd.Adasum`` only where batches are always even (``equal``).
     ``gradient_predivide_factor`` other than 1 is refused. ``lr_scaling='linear'``: when the
     strategy changes the global batch (``bno``), each step uses lr * G_t / G (G_t this update's
-    global batch, G the strategy's); ``'none'``: the learning rate as set."""
+    global batch, G the strategy's); ``'none'``: the learning rate as set.
+
+    Args:
+        optimizer: the torch optimizer over the model's parameters.
+        named_parameters: ``model.named_parameters()``, as Horovod takes them.
+        balancer: the :class:`~bno_hvd.Balancer` whose loader feeds the model.
+        op: ``hvd.Average`` (None: the default), ``hvd.Sum`` or ``hvd.Adasum`` (above).
+        gradient_predivide_factor: only 1.
+        lr_scaling: ``'linear'`` or ``'none'`` (above).
+        **horovod_options: passed on to ``hvd.DistributedOptimizer``.
+
+    Example::
+
+        model = bno.exact(Net(), train_sampler)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=train_sampler)
+    """
     one_line_errors()
     hvd = import_horovod()
     if not isinstance(balancer, Balancer):

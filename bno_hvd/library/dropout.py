@@ -14,10 +14,11 @@ Usage::
     model = Net()                         # any nn.Module with dropout
     bno.exact_dropout(model, balancer)    # masks per (seed, epoch, sample, call)
 
-Limits, each refused with one line: every training forward must see the whole batch its loader
-delivered (the keys of its rows), alpha dropout is not covered; activation checkpointing, which
-re-runs a forward outside the model's hooks, would draw other masks. Cost: one small generator
-per sample and dropout call (a few microseconds each).
+Limits: every training forward must see the whole batch its loader delivered (the keys of its
+rows) and alpha dropout is not covered, each refused with one line; activation checkpointing,
+which re-runs a forward outside the model's hooks, draws other masks in that recomputation and is
+not detected (docs/exactness.md). Cost: one small generator per sample and dropout call (a few
+microseconds each).
 """
 
 from __future__ import annotations
@@ -92,10 +93,26 @@ class SampleDropout(TorchFunctionMode):
 
 
 def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
-    """Make ``model``'s dropout masks per global sample (see the module doc); returns ``model``.
+    """Make ``model``'s dropout masks per global sample; returns ``model``.
 
-    ``balancer``: the :class:`~bno_hvd.library.balancer.Balancer` whose loader feeds the model
-    (its seed and the keys of the batch in progress)."""
+    Row i of the j-th dropout call of a training forward is drawn from (seed, epoch, sample
+    index, j), whatever rank, split or micro-batch the sample is in; ``nn.Dropout``,
+    ``nn.Dropout1d/2d/3d``, ``F.dropout`` and ``F.dropout1d/2d/3d`` are covered as the model
+    calls them. Alpha dropout, and a training forward over part of the loader's batch, are
+    refused in one line; activation checkpointing is not detected and draws other masks in its
+    recomputation (docs/exactness.md).
+
+    Args:
+        model: the ``nn.Module``; hooks on its forward draw the masks while it trains.
+        balancer: the :class:`~bno_hvd.Balancer` whose loader feeds the model (its seed, and
+            the samples of the batch in progress).
+
+    Example::
+
+        model = bno.exact_dropout(Net(), train_sampler)   # Net's dropouts, drawn per sample
+        for data, target in train_loader:                  # bno.DataLoader(..., sampler=train_sampler)
+            loss = F.nll_loss(model(data), target)         # the whole batch in one forward
+    """
     from bno_hvd.library.balancer import Balancer
 
     if not isinstance(model, torch.nn.Module):

@@ -17,9 +17,22 @@ __all__ = ["exact", "exact_for_run"]
 
 
 def exact(model, balancer, *, process_sets=None):
-    """:func:`~bno_hvd.library.batchnorm.exact_batchnorm` and
-    :func:`~bno_hvd.library.dropout.exact_dropout` on ``model``; returns ``model``.
-    ``process_sets``: as ``exact_batchnorm`` takes them (a loop in which a rank may sit out)."""
+    """:func:`~bno_hvd.exact_batchnorm` and :func:`~bno_hvd.exact_dropout` on ``model``: N ranks
+    with uneven batches then compute the update of one process on the whole global batch, with
+    dropout and BatchNorm; returns ``model``.
+
+    Args:
+        model: the ``nn.Module``, before its first training forward (an optimizer built on its
+            parameters before keeps working: the tensors stay the same).
+        balancer: the :class:`~bno_hvd.Balancer` whose loader feeds the model.
+        process_sets: as ``exact_batchnorm`` takes them (a loop in which a rank may sit out).
+
+    Example::
+
+        train_sampler = bno.Balancer.for_world(train_set, 32)
+        train_loader = bno.DataLoader(train_set, sampler=train_sampler)
+        model = bno.exact(Net(), train_sampler)   # was model = Net()
+    """
     exact_batchnorm(model, balancer, process_sets=process_sets)
     return exact_dropout(model, balancer)
 

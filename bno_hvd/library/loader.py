@@ -74,7 +74,17 @@ class LoaderFeed:
 
 @dataclass
 class Batch:
-    """One rank's batch of one update, as the loader delivers it."""
+    """One rank's batch of one update, as :meth:`~bno_hvd.Balancer.loader` delivers it: ``update``,
+    ``size`` (its samples), ``data`` (what ``collate_fn`` made of them), ``keys`` ((epoch, index)
+    of each sample, in order); ``error`` instead of data where a sample could not be read, which
+    ``start_step`` raises. (:class:`~bno_hvd.DataLoader` yields ``data`` alone.)
+
+    Example::
+
+        for batch in bal.batches(bal.loader(data, num_workers=2), updates=100):
+            step = bal.start_step(batch)          # checks the batch against the plan
+            x, y = batch.data
+    """
 
     update: int
     size: int

@@ -37,12 +37,27 @@ class SamplerFace:
         ``DistributedSampler``: its control plane on a duplicate of ``MPI.COMM_WORLD``, or under
         torchrun on a Gloo group of its own (``bno_hvd.processes.torchenv.world_control_comm``).
 
-        ``dataset`` (or its length); ``batch_size``: the per-rank base batch B, as Horovod's per-rank
-        batch size (the global batch is N*B, or ``global_batch``); ``strategy``: a name, built with
-        ``make_strategy(strategy, N, batch_size, global_batch=, seed=)``, or a Strategy; ``seed``:
-        the sample order, the per-sample augmentation and dropout seeds, and ``random``'s draws.
-        Other ``options`` go to :class:`~bno_hvd.library.balancer.Balancer` (``rebalance_every``,
-        ``monitor``, ``max_batch``, ``window``, ``lag``)."""
+        Args:
+            dataset: the training set (or its length).
+            batch_size: the per-rank base batch B, as Horovod's per-rank batch size (the global
+                batch is N*B, or ``global_batch``).
+            strategy: a strategy's name (``"balanced"``, ``"equal"``, ``"balanced:deadband=0.1"``,
+                ...), built with ``make_strategy(strategy, N, batch_size, global_batch=, seed=)``,
+                or a :class:`~bno_hvd.Strategy`.
+            global_batch: the global batch, when it is not N*B (with a strategy's name only).
+            seed: the sample order, the per-sample augmentation and dropout seeds, and
+                ``random``'s draws.
+            comm: an mpi4py communicator or a ``TorchComm`` (None: the job's world).
+            **options: the :class:`~bno_hvd.Balancer`'s other arguments (``rebalance_every``,
+                ``monitor``, ``max_batch``, ``window``, ``lag``, ...).
+
+        Example::
+
+            hvd.init()
+            train_sampler = bno.Balancer.for_world(train_set, 32, "balanced", seed=42)
+            train_loader = bno.DataLoader(train_set, sampler=train_sampler)
+            len(train_sampler)             # samples this rank reads per epoch, as DistributedSampler's
+        """
         one_line_errors()
         leave_together()  # no rank's Horovod may finalize MPI while another still talks on comm (or unwinds)
         length = dataset_length(dataset, "Balancer.for_world's dataset")

@@ -15,17 +15,27 @@ __all__ = ["Step", "TextOptions"]
 
 @dataclass(frozen=True, eq=False)
 class TextOptions:
-    """What a :class:`~bno_hvd.library.balancer.Balancer` needs for samples of their own lengths
-    (token sequences): ``Balancer(comm, strategy, len(seqs), text=TextOptions(lengths=...))``.
+    """What a :class:`~bno_hvd.Balancer` needs for samples of their own lengths (token sequences).
 
-    ``lengths``: one length per sample (the tokens of a sequence: each rank's loss weight is then
-    its share of the global batch's tokens, see :class:`Step`); ``max_tokens``: this rank's cap
-    in padded tokens per forward/backward pass; ``work``: one cost per sample
-    (``bno_hvd.allocation.costmodel``; ``cost``: the SequenceCost it came from, which
-    checkpoints keep): measured steps are then fitted in work; ``emulated_work``: what an EMULATED
-    device takes time for; ``shares``: the strategy's sizes are each rank's share of the work of
-    a global batch of ``global_count`` samples or ``global_tokens`` tokens
-    (``bno_hvd.allocation.partition``)."""
+    Args:
+        lengths: one length per sample (the tokens of a sequence): each rank's loss weight is then
+            its share of the global batch's tokens (:class:`~bno_hvd.Step`).
+        max_tokens: this rank's cap in padded tokens per forward/backward pass.
+        work: one cost per sample (``bno_hvd.allocation.costmodel``): measured steps are then
+            fitted in work.
+        cost: the ``SequenceCost`` that ``work`` came from (checkpoints keep it).
+        emulated_work: what an EMULATED device takes time for.
+        shares: the strategy's sizes are each rank's share of the work of a global batch of
+            ``global_count`` samples or ``global_tokens`` tokens (``bno_hvd.allocation.partition``).
+        global_count: with ``shares``: the sequences of a global batch.
+        global_tokens: with ``shares``: the tokens of a global batch.
+
+    Example::
+
+        text = bno.TextOptions(lengths=seqs.lengths)       # weights by tokens, not sequences
+        strategy = bno.make_strategy("balanced", hvd.size(), 16)
+        bal = bno.Balancer(MPI.COMM_WORLD.Dup(), strategy, len(seqs), text=text)
+    """
 
     lengths: Any = None
     max_tokens: int | None = None
@@ -39,7 +49,20 @@ class TextOptions:
 
 @dataclass
 class Step:
-    """One update as seen by one rank."""
+    """One update as one rank sees it: what :meth:`~bno_hvd.Balancer.start_step` returns (and
+    ``Balancer.current_step`` holds while the update runs). Its fields: ``update``, ``batch_sizes``
+    (every rank's batch), ``weight`` (n_rank / sum(n), or this rank's share of the tokens: multiply
+    the mean loss by it and allreduce with Sum), ``size`` (this rank's batch), ``indices`` (without
+    a loader), ``cap`` (samples per pass under a memory cap), ``keys`` ((epoch, index) of each
+    sample) and, for text, ``lengths`` and ``global_tokens``.
+
+    Example::
+
+        step = bal.start_step(batch)                       # a loop of your own (Balancer's example)
+        x, y = batch.data
+        (F.cross_entropy(model(x), y) * step.weight).backward()
+        step.update, step.batch_sizes, step.size           # e.g. 40, [40, 39, 39, 10], 10 on rank 3
+    """
 
     update: int
     batch_sizes: list[int]  # every rank's batch this update

@@ -45,13 +45,23 @@ def process_memory_bytes(device: str = "cpu") -> float:
 
 class MetricsMonitor:
     """Samples memory every ``memory_interval`` s and this rank's latency row every
-    ``latency_interval`` s on a daemon thread. ``comm`` must be a communicator reserved for
-    the monitor (``COMM_WORLD.Dup()``); pass ``None`` to disable latency probing.
+    ``latency_interval`` s on a daemon thread; a :class:`~bno_hvd.Balancer` given it reports both
+    (what ``bno``'s formula reads).
 
-    Usage::
+    Args:
+        comm: a communicator reserved for the monitor (``COMM_WORLD.Dup()``); None: no latency probes.
+        device: where memory is counted: ``"cpu"`` (the process's RSS) or ``"cuda:N"``.
+        memory_interval: seconds between two memory samples.
+        latency_interval: seconds between two latency probes (every rank wakes at the same multiples).
+        payload_bytes: the ping-pong message of a probe.
+        repeats: round trips per pair in a probe (their median is kept).
+        max_rounds: rounds of pairs per probe, rotating from probe to probe (None: every round).
 
-        mon = MetricsMonitor(comm.Dup(), latency_interval=5.0).start()
-        mon.memory_used, mon.latency_row   # latest values
+    Example::
+
+        mon = MetricsMonitor(MPI.COMM_WORLD.Dup(), latency_interval=5.0).start()
+        bal = Balancer(MPI.COMM_WORLD.Dup(), make_strategy("bno", hvd.size(), 32), len(data), monitor=mon)
+        mon.memory_used, mon.latency_row   # the latest values (bytes; seconds per rank)
         mon.stop()
     """
 

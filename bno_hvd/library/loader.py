@@ -185,7 +185,9 @@ class KeyedDataset(Dataset):
             for _, epoch, index in keys:
                 self._current = index
                 s = sample_seed(self.seed, epoch, index)
-                torch.manual_seed(s)
+                # the CPU generator alone: torch.manual_seed also queues a seed for every GPU backend,
+                # recording a stack trace each time (0.2-1.4 ms a sample, more than reading it)
+                torch.default_generator.manual_seed(s)
                 random.seed(s)
                 np.random.seed(s % 2**32)
                 out.append(self.dataset[index])

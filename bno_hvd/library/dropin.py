@@ -35,6 +35,8 @@ from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even,
 from bno_hvd.common.arguments import check_flag, check_int, check_keys, check_number, describe, first_line
 from bno_hvd.common.errors import UsageError, import_horovod
 from bno_hvd.library.balancer import Balancer
+from bno_hvd.processes.collectives import wait_for_allreduce
+from bno_hvd.processes.collector import hold_setup
 from bno_hvd.processes.world import one_line_errors
 
 __all__ = ["DataLoader", "DistributedOptimizer"]
@@ -82,9 +84,17 @@ class DataLoader:
         self.dataset, self.sampler, self.balancer = dataset, sampler, sampler
         self.loader = sampler.loader(dataset, **options)  # the DataLoader of Batch objects (checks options)
         self._pass: tuple[int, int] | None = None  # (first update, epoch) of the `for` in progress
+        self._held = False  # the script's setup kept out of the garbage collector's walks (below)
 
     def __iter__(self):
         bal = self.balancer
+        if not self._held:
+            # the script's setup is done when its first training `for` starts: from then on full
+            # collections walk only what training creates (bno_hvd/processes/collector.py: on a rank
+            # at a fraction of a core a full walk of torch's, Horovod's and the model's objects stalls
+            # an update for 0.1-2 s, and every rank waits for it at the next allreduce)
+            hold_setup()
+            self._held = True
         bal.finish_step()  # a batch whose optimizer.step() never came ends here, before the next is drawn
         batches = iter(self.loader)
         self._pass = (bal.update, bal.sampler.epoch)
@@ -181,6 +191,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
     balancer.gradients_weighted = weighted  # exact BatchNorm's backward works in the same frame (library/batchnorm.py)
     wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
     wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
+    wrapped.synchronize = types.MethodType(_synchronize, wrapped)  # step() calls it too
     return wrapped
 
 
@@ -205,6 +216,14 @@ HOROVOD_OPTIONS = ("compression", "backward_passes_per_step", "num_groups", "gro
 
 def _step(self, *args, **kwargs):
     return self._bno_driver.step(self, *args, **kwargs)
+
+
+def _synchronize(self):
+    # Horovod's synchronize() waits for each allreduce in a loop of yields: on a rank under a CPU
+    # limit that spins the quota away from Horovod's background thread, which does the allreduce
+    # (bno_hvd/processes/collectives.py). Polling with sleeps first, it finds them done.
+    wait_for_allreduce(import_horovod(), self)
+    return type(self).synchronize(self)
 
 
 class _StepDriver:

@@ -47,6 +47,7 @@ _EXPORTS = {
     "library.dropout": ("exact_dropout",),
     "library.exact": ("exact",),
     "library.loader": ("Batch",),
+    "library.sequences": ("measure_sequence_cost",),
     "library.step": ("TextOptions",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -1,39 +1,55 @@
-"""bno-hvd on text in your own Horovod loop. Run: horovodrun -np 4 --mpi python examples/text_loop.py"""
+"""bno-hvd on text in a Horovod script: the drop-in, each global batch split by what its sequences
+cost on the model, each rank weighted by its share of the global batch's tokens (docs/text.md).
+
+Run: horovodrun -np 4 --mpi python examples/text_loop.py"""
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
-from bno_hvd import Balancer, TextOptions, make_strategy
-from bno_hvd.allocation.costmodel import UNITS, work_per_sequence
-from bno_hvd.data.gpt import GPTMini
-from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets, load_text_datasets
-from bno_hvd.training.calibrate import calibrate
+import bno_hvd as bno
+from bno_hvd.data import load_text_datasets  # offline: Debian's fortunes, tokenized (or a dir of .txt/.jsonl)
+
+
+class GPT(nn.Module):
+    """A small causal transformer: tokens [B, T] -> next-token logits [B, T, vocab]."""
+
+    def __init__(self, vocab_size, max_seq_len, width=64):
+        super().__init__()
+        self.embed, self.position = nn.Embedding(vocab_size, width), nn.Embedding(max_seq_len, width)
+        block = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1]))
+        causal = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1], dtype=x.dtype)
+        return self.head(self.blocks(x, mask=causal, is_causal=True))  # position j sees 0..j, never the padding
+
+
+def collate(seqs):  # inputs and targets padded to this batch's longest sequence; padded targets -100: no loss
+    return pad_sequence([s[:-1] for s in seqs], True), pad_sequence([s[1:] for s in seqs], True, padding_value=-100)
+
 
 hvd.init()
+torch.manual_seed(0)
 torch.set_num_threads(1)
-data = load_text_datasets(None, max_seq_len=128, vocab_size=2048)  # Debian's fortunes, or a dir of .txt/.jsonl
+data = load_text_datasets(None, max_seq_len=128, vocab_size=2048)
 seqs = data.train  # token sequences of their own lengths (seqs.lengths)
-model = GPTMini(data.vocab_size, max_seq_len=128)
-cost = calibrate(MPI.COMM_WORLD.Dup(), model, data.vocab_size, 128)["cost"]  # a sweep of lengths, before wrapping
-opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+model = GPT(data.vocab_size, 128)
+cost = bno.measure_sequence_cost(model, data.vocab_size, 128)  # rank 0 times a sweep of lengths, before wrapping
+sampler = bno.Balancer.for_world(seqs, 16, lengths=seqs.lengths, cost=cost, global_tokens=2048)
+loader = bno.DataLoader(seqs, sampler=sampler, num_workers=1, collate_fn=collate)  # this rank's, shortest first
+optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum)
-strategy = make_strategy("balanced", hvd.size(), 16 * UNITS)  # shares of work; UNITS = one average sequence
-work = work_per_sequence(seqs.lengths, cost)
-text = TextOptions(lengths=seqs.lengths, work=work, cost=cost, shares=True, global_tokens=2048)
-bal = Balancer(MPI.COMM_WORLD.Dup(), strategy, len(seqs), text=text)
-loader = bal.loader(seqs, num_workers=1, collate_fn=collate_tokens)  # this rank's sequences, shortest first
-for batch in bal.batches(loader, updates=40):
-    step = bal.start_step(batch)  # weight = this rank's tokens / the global batch's tokens
-    inputs, targets = inputs_and_targets(*batch.data)  # padded to this batch's longest; padding ignored
-    opt.zero_grad()
-    logits = model(inputs, batch.data[1])
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-    (loss * step.weight).backward()
-    bal.end_compute()
-    opt.step()  # Horovod allreduce, op=Sum: the mean over every token of the global batch
-    bal.end_step()
+optimizer = bno.DistributedOptimizer(optimizer, model.named_parameters(), balancer=sampler)
+for _, (inputs, targets) in zip(range(40), loader):  # 40 updates, each of 2048 tokens or a few more
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten(), ignore_index=-100)  # this rank's tokens
+    loss.backward()
+    optimizer.step()  # the gradients weighted by this rank's share of the tokens: the global batch's mean
+tokens = hvd.allreduce(torch.tensor((targets != -100).sum().item()), op=hvd.Sum)
 if hvd.rank() == 0:
-    print(f"sequences per rank {step.batch_sizes}, {step.global_tokens} tokens, loss {loss.item():.4f}", flush=True)
+    print(f"sequences per rank {sampler.batch_sizes}, {tokens} tokens, loss {loss.item():.4f}", flush=True)

@@ -9,9 +9,10 @@ training application, the processes, the lab or the CLI.
 - :mod:`.tokens` - the offline BPE tokenizer, sequences of their own lengths, padded batches
 - :mod:`.gpt` - language models: gpt-mini, or ``package.module:function``
 
-Re-exported (loaded on first use)::
+Re-exported (loaded on first use): what the examples read, offline, as a script reads torchvision's
+datasets (the built-in Fashion-MNIST's root; the built-in text corpus, tokenized)::
 
-    from bno_hvd.data import torchvision_root, load_datasets
+    from bno_hvd.data import torchvision_root, load_datasets, load_text_datasets
 """
 
 import importlib
@@ -19,6 +20,7 @@ import importlib
 _EXPORTS = {
     "images": ("Datasets", "load_datasets", "torchvision_root"),
     "models": ("build_model",),
+    "tokens": ("load_text_datasets",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

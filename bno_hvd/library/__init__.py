@@ -8,6 +8,7 @@ The Balancer (the public step API) and its parts:
 - :mod:`.balancer` - ``start_step`` / ``end_compute`` / ``end_step``, slices and loss weights
 - :mod:`.samplerface` - what Horovod's ``DistributedSampler`` offers a script (``for_world``, ``set_epoch``, ``len``)
 - :mod:`.step` - one update as one rank sees it (its slice, weight, micro-batches); ``TextOptions``
+- :mod:`.sequences` - token sequences through ``for_world``: a sequence's measured cost, the split by it
 - :mod:`.timing` - one rank's clock: gap, compute, sync, CPU
 - :mod:`.control` - the control plane (mpi4py): reports, gather, allocate, broadcast; latency, memory
 - :mod:`.loader` - the DataLoader of a rank's slices (through a small :class:`~.loader.LoaderFeed`)

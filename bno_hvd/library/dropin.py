@@ -112,7 +112,7 @@ class DataLoader:
 
     def __len__(self) -> int:
         bal = self.balancer
-        position, total = bal.sampler.position, sum(bal.plan.latest())
+        position, total = bal.sampler.position, sum(bal.latest_counts())
         if self._pass is None:
             return updates_left(bal.sampler.dataset_len, position.offset, total)
         first, epoch = self._pass

@@ -18,44 +18,9 @@ Usage (what :func:`bno_hvd.training.components.build_run` does)::
 from __future__ import annotations
 
 import statistics
-import time
-
-import torch
-import torch.nn.functional as F
 
 from bno_hvd.allocation.costmodel import fit_sequence_cost
-
-SWEEP = (8, 16, 32, 64, 128, 256, 512, 1024)
-TOKENS_PER_PASS = 512
-
-
-def sweep_lengths(max_seq_len: int) -> list[int]:
-    return sorted({L for L in SWEEP if L <= max_seq_len} | {max_seq_len})
-
-
-def measure(model, vocab_size: int, max_seq_len: int, repeats: int = 5, seed: int = 0) -> list[tuple[int, int, float]]:
-    """``(sequences, length, seconds)`` of forward+backward passes over the sweep: the fastest of
-    ``repeats`` rounds (what the pass costs; slower ones met another process on the core). The
-    rounds interleave every point of the sweep, so a burst of contention does not bend one length."""
-    gen = torch.Generator().manual_seed(seed)
-    device = next(model.parameters()).device
-    points = []
-    for length in sweep_lengths(max_seq_len):
-        many = max(2, TOKENS_PER_PASS // length)
-        points += [(n, length) for n in (many, max(1, many // 4))]
-    batches = [torch.randint(0, vocab_size, (n, L + 1), generator=gen).to(device) for n, L in points]
-    best = [float("inf")] * len(points)
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for i, tokens in enumerate(batches):
-            n, L = points[i]
-            t0 = time.perf_counter()
-            logits = model(tokens[:, :-1], torch.full((n,), L, device=device))
-            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
-            if round_:
-                best[i] = min(best[i], time.perf_counter() - t0)
-    model.zero_grad(set_to_none=True)
-    return [(n, L, t) for (n, L), t in zip(points, best)]
-
+from bno_hvd.library.sequences import measure  # the sweep (also behind bno.measure_sequence_cost)
 
 _MEASURED: dict = {}  # one measurement per model shape and job: a bench's runs share it
 

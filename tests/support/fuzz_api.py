@@ -21,6 +21,7 @@ from support.fuzz_strategies import ODD_FLOATS, ODD_INTS
 
 import bno_hvd as bno
 from bno_hvd.allocation import STRATEGY_NAMES
+from bno_hvd.allocation.costmodel import SequenceCost
 
 ABSENT = "@absent"  # the keyword is not passed
 BAD_FROM = 240  # a byte from here on picks a bad value
@@ -233,6 +234,10 @@ FOR_WORLD = {
     **{k: v for k, v in BALANCER_OPTIONS.items() if k != "seed"},
     "seed": optional((0, 1, 2**32 - 1)),
     "bogus_option": optional(()),
+    # token sequences: "@lengths" one per sample, "@lengths-1" one short; a cost; a global batch in tokens
+    "lengths": optional((ABSENT,) * 10 + ("@lengths",) * 6 + ("@lengths-1", [1, 2], [0] * 300)),
+    "cost": optional((ABSENT,) * 12 + ("tokens", "@cost", "@zero cost", None)),
+    "global_tokens": optional((ABSENT,) * 24 + (None, 1, 50, 10**6), (0, -1, *JUNK)),
 }
 
 
@@ -241,7 +246,12 @@ def run_for_world(args, world):
         args["comm"] = world.comm
     if "strategy" in args:
         args["strategy"] = strategy_for(args["strategy"])
-    data = dataset(args.pop("dataset"), args.pop("n"))
+    n = args.pop("n")
+    data = dataset(args.pop("dataset"), n)
+    if mark(args.get("lengths")) in ("@lengths", "@lengths-1"):
+        args["lengths"] = [1 + i % 7 for i in range(n - (args["lengths"] == "@lengths-1"))]
+    if mark(args.get("cost")) in ("@cost", "@zero cost"):
+        args["cost"] = SequenceCost(1e-4, 2e-6, 1e-8) if args["cost"] == "@cost" else SequenceCost(0.0, 0.0, 0.0)
     bal = bno.Balancer.for_world(data, args.pop("batch_size"), **args)
     try:
         assert bal.size == 1 and len(bal) == bal.sampler.dataset_len == (data if isinstance(data, int) else len(data))

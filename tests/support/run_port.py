@@ -1,13 +1,14 @@
-"""Run ``examples/horovod_mnist.py`` or ``examples/ddp_mnist.py`` (or a plain twin) unchanged, in
-float64, and keep what the port's tests compare.
+"""Run ``examples/horovod_mnist.py``, ``examples/ddp_mnist.py`` or ``examples/ddp_text.py`` (or a plain
+twin) unchanged, in float64, and keep what the port's tests compare.
 
 Usage (under horovodrun/mpirun/torchrun): ``python tests/support/run_port.py OUT_DIR SCRIPT [script args]``
 
 - torch's default dtype is float64 before the example runs (torchvision's ``ToTensor`` follows it,
   so the data, the model and the gradients are float64);
 - a global forward hook (torch's public ``register_module_forward_hook``) notes the size of the
-  batch of every training forward of the script's ``Net`` (``OUT_DIR/sizes-RANK.json``), and
-  rank 0 saves that ``Net``'s parameters at the end (``OUT_DIR/model.pt``);
+  batch of every training forward of the script's ``Net`` (or ``GPT``: also the passes that
+  measure its cost, on rank 0) (``OUT_DIR/sizes-RANK.json``), and rank 0 saves its parameters at
+  the end (``OUT_DIR/model.pt``);
 - the hook also keeps the job's default process group until the script is done, so that its last
   reference is this file's and not the script's DDP model (see ``main``);
 - ``OUT_DIR/done-RANK`` says this rank's work is done (all that follows is its exit).
@@ -44,6 +45,9 @@ def write_fashion_subset(root, source: str, train: int, test: int) -> str:
     return str(root)
 
 
+MODELS = ("Net", "GPT")  # the examples' models (examples/ddp_text.py: GPT)
+
+
 def main() -> None:
     out, script = sys.argv[1:3]
     sys.argv = [script, *sys.argv[3:]]
@@ -51,7 +55,7 @@ def main() -> None:
     seen = {"model": None, "sizes": [], "group": None}
 
     def note(module, inputs, output):
-        if type(module).__name__ == "Net":
+        if type(module).__name__ in MODELS:
             seen["model"] = module
             if seen["group"] is None and torch.distributed.is_initialized():
                 seen["group"] = torch.distributed.group.WORLD

@@ -16,7 +16,7 @@ The Balancer (the public step API) and its parts:
 
 The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
 (``DataLoader``, ``DistributedOptimizer``, one-line errors). So that N ranks equal one process:
-:mod:`.dropout` (dropout masks per global sample), :mod:`.batchnorm` (BatchNorm by the global
-batch's statistics) and :mod:`.exact` (``bno.exact``: both in one call); for a DDP script,
+:mod:`.dropout` (dropout masks per global sample; :mod:`.dropmask` computes them), :mod:`.batchnorm`
+(BatchNorm by the global batch's statistics) and :mod:`.exact` (``bno.exact``: both in one call); for a DDP script,
 :mod:`.ddp` (``DistributedDataParallel``: DDP whose communication hook weights each rank by its share).
 """

@@ -22,7 +22,7 @@ rows); alpha dropout is not covered; each is refused with one line. Activation c
 which re-runs a forward outside the model's hooks, draws other masks in that recomputation, and
 a dropout called by another name in a later forward only (not the first), are not detected
 (docs/exactness.md). Cost: forward + backward of the example's Net (batch 32, float32, one
-thread) takes 1.08x its time with torch's own dropout, measured by
+thread) takes 1.09x its time with torch's own dropout (1.08x on a quiet machine), measured by
 ``benchmarks/dropout_cost.py --rounds 2000`` (docs/exactness.md#cost-of-exact-dropout).
 """
 

@@ -288,7 +288,9 @@ def train_options(fn=None, *, exclude=()):
                 show_default=True,
                 help="What Horovod's allreduce runs on (the control plane is MPI either way). auto: gloo, "
                 "whose waits sleep, where any rank runs under a CPU limit (a container's, Slurm's, --cpu-quota: "
-                "MPI's waits spin on the quota the rank needs); mpi otherwise and for GPU tensors.",
+                "MPI's waits spin on the quota the rank needs); mpi otherwise and for GPU tensors. With "
+                "--engine torch: gloo sums GPU tensors over Gloo too (several ranks on one GPU, GPU ranks beside "
+                "CPU ranks); otherwise NCCL on GPUs.",
             ),
         ),
         _choice(

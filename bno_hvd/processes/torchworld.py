@@ -144,16 +144,20 @@ class SummedGradients:
         return self.optimizer.step(closure)
 
 
-def backend_for(device: str) -> str:
-    """NCCL where the ranks train on GPUs, Gloo on CPUs."""
+def backend_for(device: str, collectives: str = "auto") -> str:
+    """NCCL where the ranks train on GPUs, Gloo on CPUs; Gloo whenever ``collectives`` is ``gloo``
+    (``--collectives gloo``): GPU tensors too, for several ranks on one GPU or GPU ranks beside
+    CPU ranks, which NCCL cannot join (it takes one rank per GPU, and no CPU tensors)."""
+    if collectives == "gloo":
+        return "gloo"
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     return "nccl" if cuda else "gloo"
 
 
-def start_torch(device: str = "auto") -> tuple:
+def start_torch(device: str = "auto", collectives: str = "auto") -> tuple:
     """Start torch.distributed in this rank (under torchrun, or under mpirun/srun from the MPI
-    world: :func:`bno_hvd.processes.torchenv.init_process_group`). Returns what
-    :func:`bno_hvd.processes.world.init_world` makes the job's ``World`` of (``engine="torch"``):
+    world: :func:`bno_hvd.processes.torchenv.init_process_group`), on :func:`backend_for`'s backend.
+    Returns what :func:`bno_hvd.processes.world.init_world` makes the job's ``World`` of (``engine="torch"``):
     ``(collectives, rank, size, local_rank, control_comm, monitor_comm, notes, backend)``."""
     import torch.distributed as dist
 
@@ -162,7 +166,7 @@ def start_torch(device: str = "auto") -> tuple:
 
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
-    backend = backend_for(device)
+    backend = backend_for(device, collectives)
     launch = init_process_group(backend)
     if launch == "mpi":
         from mpi4py import MPI

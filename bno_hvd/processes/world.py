@@ -122,7 +122,7 @@ def init_world(
     if engine == "torch":
         from bno_hvd.processes.torchworld import start_torch
 
-        hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device)
+        hvd, rank, size, local_rank, control, monitor, notes, backend = start_torch(device, collectives)
         world = World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
         world.sit_out_sets = SitOutSets.torch(size) if size > 1 else None
         return world

@@ -183,6 +183,8 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         device=prepared.device.name,
         latency_interval=cfg.latency_interval,
         payload_bytes=cfg.probe_bytes,
+        rank=world.rank,  # (the latency row's length where there is no monitor communicator: torchrun)
+        size=world.size,
     ).start()
     try:
         balancer = Balancer(

@@ -22,3 +22,17 @@ def test_cpu_limits_count_shared_cores_and_gpus_do_not(monkeypatch):
     assert spins_cost_compute("cuda") is None  # GPU tensors: not the CPU's collectives
     monkeypatch.setattr(world, "cpu_limit", lambda: 4.0)  # a limit above the cores it may use binds nothing
     assert spins_cost_compute("cpu") is None
+
+
+def test_the_torch_engine_takes_gloo_for_gpu_tensors_when_asked(monkeypatch):
+    import torch
+
+    from bno_hvd.processes.torchworld import backend_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [backend_for(d) for d in ("cpu", "cuda", "auto")] == ["gloo", "nccl", "nccl"]
+    # several ranks on one GPU, or GPU ranks beside CPU ranks (the GPU check's shared GPU): NCCL cannot
+    assert [backend_for(d, "gloo") for d in ("cpu", "cuda", "auto")] == ["gloo"] * 3
+    assert backend_for("cuda", "mpi") == "nccl" and backend_for("auto", "auto") == "nccl"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert backend_for("auto") == "gloo"

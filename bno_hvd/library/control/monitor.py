@@ -56,6 +56,8 @@ class MetricsMonitor:
         payload_bytes: the ping-pong message of a probe.
         repeats: round trips per pair in a probe (their median is kept).
         max_rounds: rounds of pairs per probe, rotating from probe to probe (None: every round).
+        rank, size: this rank and the job's size where ``comm`` is None (a torchrun job has no MPI
+            for the probes): the latency row still holds one entry per rank, unknown but its own.
 
     Example::
 
@@ -75,6 +77,8 @@ class MetricsMonitor:
         payload_bytes: int = PROBE_BYTES,
         repeats: int = 3,
         max_rounds: int | None = 8,
+        rank: int = 0,
+        size: int = 1,
     ):
         self.comm = comm
         self.device = device
@@ -83,8 +87,8 @@ class MetricsMonitor:
         self.payload_bytes = payload_bytes
         self.repeats = repeats
         self.max_rounds = max_rounds
-        size = comm.Get_size() if comm is not None else 1
-        rank = comm.Get_rank() if comm is not None else 0
+        size = comm.Get_size() if comm is not None else size
+        rank = comm.Get_rank() if comm is not None else rank
         row = np.full(size, np.nan)
         row[rank] = 0.0
         self.latency_row = row

@@ -8,6 +8,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.emulation` - EMULATED slow devices (``--emulate-speed``, ``--emulate-schedule``)
 - :mod:`.cpuquota` - REAL slow ranks: a cgroup per rank with a CPU quota, and its reaper
 - :mod:`.heterogeneity` - what makes a run's ranks differ, and its EMULATED / REAL label
+- :mod:`.gpushares` - REAL GPU heterogeneity: ranks sharing one GPU (MPS shares, or GPU beside CPU ranks)
 - :mod:`.faults` - injected faults for the reliability tests
 - :mod:`.suites` - several runs in one job: ``bench``, ``experiment`` and ``time-to-accuracy``
 - :mod:`.ttastats` - ``time-to-accuracy``: the MLPerf mean (without fastest and slowest), its table
@@ -19,5 +20,7 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
 - :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures
+- :mod:`.gpucheck`, :mod:`.gpuparts`, :mod:`.gpuprobe`, :mod:`.gpureport` - the GPU check
+  (``launch/gpu-check OUT``): parts with budgets on a lent GPU machine, and its report
 - :mod:`.sim` - a simulator of the update for allocation policies (``bno-hvd simulate``)
 """

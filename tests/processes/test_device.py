@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from support.jobs import assert_ok, bno_cmd, horovodrun
+from support.jobs import assert_ok, bno_cmd, horovodrun, torchrun
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.device import Device, derive_cap, select_device
@@ -86,35 +86,55 @@ def test_mixed_precision_on_the_cpu_trains(tmp_path):
     assert acc > 0.3, proc.stdout[-1000:]
 
 
+@pytest.mark.mpi
 @needs_gpu
-def test_gpu_ranks_train_with_amp_and_a_derived_cap(tmp_path):
-    count = torch.cuda.device_count()
-    proc = horovodrun(
-        count,
-        bno_cmd(
-            "train",
-            "--dataset",
-            "synthetic",
-            "--device",
-            "cuda",
-            "--amp",
-            "--updates",
-            "40",
-            "--no-progress",
-            "--latency-interval",
-            "0",
-            "--log-dir",
-            str(tmp_path),
-        ),
-        timeout=600,
-    )
+def test_gpu_ranks_train_with_amp_and_a_derived_cap(tmp_path, record_property):
+    """One rank per GPU on the torch engine (no Horovod needed: the GPU check's machine has none),
+    float16 with a GradScaler, the memory cap measured (--max-batch auto)."""
+    args = ["train", "--engine", "torch", "--dataset", "synthetic", "--device", "cuda", "--amp", "--max-batch", "auto"]
+    args += ["--updates", "40", "--no-progress", "--latency-interval", "0", "--log-dir", str(tmp_path)]
+    proc = torchrun(torch.cuda.device_count(), ["-m", "bno_hvd", *args], timeout=240)
     assert_ok(proc)
-    assert "test accuracy" in proc.stdout
+    acc = float(re.search(r"test accuracy: ([0-9.]+)", proc.stdout).group(1))
+    record_property("amp_test_accuracy", acc)
+    assert "over nccl" in proc.stderr and acc > 0.3, proc.stdout[-1000:]
 
 
 @needs_gpu
-def test_gpu_memory_is_what_the_monitor_reports():
+def test_cuda_timing_waits_for_the_gpu(record_property):
+    """A step's compute ends when the GPU's queued work does, not when Python has queued it: with the
+    device's synchronize (what the Balancer's clock gets on a GPU) 0.2 s of GPU work
+    (``torch.cuda._sleep``) times as at least that; without it, as the launch alone."""
+    from bno_hvd.library.timing import StepTimer
+
+    device = Device.for_rank("cuda", 0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10**7)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(10**7 * 0.2 / (start.elapsed_time(end) / 1e3))  # 0.2 s of the GPU spinning
+    timed = {}
+    for name, sync in (("synced", device.synchronize), ("unsynced", None)):
+        timer = StepTimer(window=4, sync=sync, schedstat=False)
+        timer.start()
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        timer.mark_backward_end()
+        timed[name] = timer.end_compute(1)
+        torch.cuda.synchronize()
+        timed[f"{name}_gpu"] = start.elapsed_time(end) / 1e3
+    for key, value in timed.items():
+        record_property(f"{key}_s", round(value, 4))
+    assert timed["synced"] >= 0.95 * timed["synced_gpu"] and timed["synced_gpu"] > 0.1, timed
+    assert timed["unsynced"] < 0.5 * timed["unsynced_gpu"], timed
+
+
+@needs_gpu
+def test_gpu_memory_is_what_the_monitor_reports(record_property):
     from bno_hvd.library.control.monitor import process_memory_bytes
 
     x = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda:0")
+    record_property("monitor_mib_for_64", round(process_memory_bytes("cuda:0") / 2**20, 1))
     assert process_memory_bytes("cuda:0") >= x.numel()

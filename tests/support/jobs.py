@@ -59,7 +59,9 @@ def torchrun(np_, args, *, timeout=300, env=None, done=(), grace=20):
     files the ranks write once their work is done (tests/support/run_port.py); when all exist and
     the job has not exited ``grace`` seconds later, it is killed and ExitHang raised. On any
     timeout torchrun and every process under it are killed (a rank hung at exit outlives torchrun)."""
-    cmd = [os.path.join(VENV_BIN, "torchrun"), "--standalone", "--nproc-per-node", str(np_)]
+    script = os.path.join(VENV_BIN, "torchrun")  # (a system python's torchrun may live elsewhere: run its module)
+    launcher = [script] if os.path.exists(script) else [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [*launcher, "--standalone", "--nproc-per-node", str(np_)]
     run_env = mpi_env({"OMP_NUM_THREADS": "1", **(env or {})})
     proc = subprocess.Popen(
         cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT

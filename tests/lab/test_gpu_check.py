@@ -229,7 +229,7 @@ def test_a_part_past_its_budget_is_stopped_and_the_others_still_run(tmp_path):
 
 @pytest.mark.slow
 def test_the_launch_script_refuses_without_a_gpu_and_dry_runs(tmp_path):
-    env = {**os.environ, "PYTHON": PY}
+    env = {**os.environ, "PYTHON": PY, "CUDA_VISIBLE_DEVICES": ""}  # no GPU seen, also on a GPU machine
     proc = subprocess.run([f"{ROOT}/launch/gpu-check", str(tmp_path / "out")], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("gpu-check: no CUDA device here"), proc.stderr

@@ -142,16 +142,16 @@ def run_check(
             echo(f"gpu-check: {part.name} (budget {min(part.budget_s, left):.0f} s)")
             folder = os.path.join(out, part.name)
             results.append(run_part(part, folder, min(part.budget_s, left), cwd=cwd, env=env, grace_s=grace_s))
-            _stop_mps(folder)  # a part stopped by its budget may have left an MPS daemon
+            _stop_mps()  # a part stopped by its budget may have left an MPS daemon
         r = results[-1]
         echo(f"gpu-check: {part.name}: {r.status} in {r.seconds:.1f} s" + (f" ({r.note})" if r.note else ""))
     return results
 
 
-def _stop_mps(folder: str) -> None:
-    from bno_hvd.lab.gpushares import stop_mps
+def _stop_mps() -> None:
+    from bno_hvd.lab.gpushares import MPS_FOLDER, stop_mps
 
-    stop_mps(os.path.join(folder, "mps"))
+    stop_mps(MPS_FOLDER)
 
 
 def git_commit(root: str = ROOT) -> tuple[str, bool]:

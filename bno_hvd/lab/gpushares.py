@@ -13,10 +13,10 @@ for all; bno-hvd otherwise starts one rank per GPU). The ranks sum their gradien
 
 Usage (under torchrun, which sets ``LOCAL_RANK``)::
 
-    folder = "/tmp/mps"; ok, why = start_mps(folder, sys.executable)
+    ok, why = start_mps(MPS_FOLDER, sys.executable)
     torchrun --nproc-per-node 4 -m bno_hvd.lab.gpushares gpu:100,gpu:15,gpu:15,gpu:15 -- \\
-        python -m bno_hvd bench --engine torch --collectives gloo ...   # (with mps_env(folder))
-    stop_mps(folder)
+        python -m bno_hvd bench --engine torch --collectives gloo ...   # (with mps_env(MPS_FOLDER))
+    stop_mps(MPS_FOLDER)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import sys
 
 from bno_hvd.common.errors import UsageError
 
+MPS_FOLDER = "/tmp/bno-hvd-mps"  # short: the daemon's pipes are sockets, whose paths may not pass ~100 bytes
 PROBE = (  # a CUDA client under MPS at half the SMs: its SM count (MPS reports the limited one)
     "import torch; x = torch.ones(1024, 1024, device='cuda'); y = (x @ x).sum().item(); "
     "print(torch.cuda.get_device_properties(0).multi_processor_count)"

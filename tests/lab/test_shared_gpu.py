@@ -19,7 +19,7 @@ import pytest
 from support.gpu import needs_gpu, part_dir
 from support.jobs import assert_ok, torchrun
 
-from bno_hvd.lab.gpushares import describe, mps_env, start_mps, stop_mps
+from bno_hvd.lab.gpushares import MPS_FOLDER, describe, mps_env, start_mps, stop_mps
 
 pytestmark = [pytest.mark.mpi, pytest.mark.alone, needs_gpu]
 
@@ -50,15 +50,15 @@ def bench_numbers(rows: list[dict]) -> dict:
 
 def test_ranks_sharing_one_gpu_compare_balanced_with_equal_and_lbbsp(tmp_path, record_property):
     folder = Path(part_dir(tmp_path))
-    mps, why = start_mps(str(folder / "mps"))
+    mps, why = start_mps(MPS_FOLDER)
     spec, model = MPS if mps else MIXED
     record_property("profile", describe(spec))
-    record_property("mps", "yes" if mps else f"no: {why}")
+    record_property("mps", f"yes: a client at 50% sees {why} SMs" if mps else f"no: {why}")
     try:
-        env = mps_env(str(folder / "mps")) if mps else {}
+        env = mps_env(MPS_FOLDER) if mps else {}
         proc = torchrun(4, bench_args(spec, model, folder / "bench"), timeout=300, env=env)
     finally:
-        stop_mps(str(folder / "mps"))
+        stop_mps(MPS_FOLDER)
     (folder / "bench-output.txt").write_text(proc.stdout + proc.stderr)
     assert_ok(proc)
     rows = json.loads((folder / "bench" / "bench.json").read_text())

@@ -10,6 +10,7 @@ per GPU and no CPU ranks) interleaves ``balanced``, ``equal`` and ``lbbsp`` in r
 test records the paired ratios (the check's target: ``balanced`` >= 0.97x the top peer) and
 asserts only that the comparison ran: speed is what it measures, not what it checks."""
 
+import importlib.util
 import json
 import os
 import sys
@@ -60,7 +61,12 @@ def test_ranks_sharing_one_gpu_compare_balanced_with_equal_and_lbbsp(tmp_path, r
     finally:
         stop_mps(MPS_FOLDER)
     (folder / "bench-output.txt").write_text(proc.stdout + proc.stderr)
-    assert_ok(proc)
+    if importlib.util.find_spec("matplotlib") is None:  # the GPU machine's python may lack it: bench
+        # writes bench.json, then fails at its figures (bench.png): the comparison itself ran
+        record_property("figures", "not drawn: no matplotlib")
+        assert "No module named 'matplotlib'" in proc.stderr, proc.stderr[-3000:]
+    else:
+        assert_ok(proc)
     rows = json.loads((folder / "bench" / "bench.json").read_text())
     for name, value in bench_numbers(rows).items():
         record_property(name, value)

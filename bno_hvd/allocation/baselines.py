@@ -83,9 +83,12 @@ class FixedStrategy(Strategy):
             got = "none" if batch_sizes is None else got
             raise UsageError(f"'fixed' needs --batch-sizes with one size per rank ({n_ranks}), got {got}")
         integral = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in batch_sizes)
-        if not integral or not all(1 <= b <= BATCH.high for b in batch_sizes):
+        # 0 sits a rank out (not rank 0), where the loop or a drop-in can: the Balancer checks that
+        if not integral or not all(0 <= b <= BATCH.high for b in batch_sizes) or batch_sizes[0] < 1:
             shown = ", ".join(describe(b) for b in batch_sizes[:8]) + (", ..." if len(batch_sizes) > 8 else "")
-            raise UsageError(f"--batch-sizes must all be integers >= 1 (at most {BATCH.high:g}), got [{shown}]")
+            raise UsageError(
+                f"--batch-sizes must all be integers >= 0 and rank 0's >= 1 (at most {BATCH.high:g}), got [{shown}]"
+            )
         self.batch_sizes = [int(b) for b in batch_sizes]
         if global_batch is not None and global_batch != sum(self.batch_sizes):
             raise UsageError(

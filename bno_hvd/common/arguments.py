@@ -140,7 +140,8 @@ def check_balancer(comm, strategy, dataset_len, **options) -> int:
     for name in ("report_filter", "sync"):
         check_callable(name, o[name])
     check_flag("shares", o["shares"])
-    check_flag("sit_out", o["sit_out"])
+    if o["sit_out"] is not None:  # None: the drop-ins decide (bno_hvd.library.sitout)
+        check_flag("sit_out", o["sit_out"])
     monitor = o["monitor"]
     if monitor is not None and not callable(getattr(monitor, "latest_row", None)):
         raise UsageError(f"monitor must be a started MetricsMonitor or None, got {describe(monitor)}")

@@ -12,7 +12,8 @@ The Balancer (the public step API) and its parts:
 - :mod:`.timing` - one rank's clock: gap, compute, sync, CPU
 - :mod:`.control` - the control plane (mpi4py): reports, gather, allocate, broadcast; latency, memory
 - :mod:`.loader` - the DataLoader of a rank's slices (through a small :class:`~.loader.LoaderFeed`)
-- :mod:`.catchup` - the state a rank receives when it computes again after sitting out
+- :mod:`.catchup` - the state a rank receives when it computes again after sitting out (bno-hvd's loop)
+- :mod:`.sitout` - the same in a script's own loop: the drop-ins sit a rank with 0 samples out
 
 The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
 (``DataLoader``, ``DistributedOptimizer``, one-line errors). So that N ranks equal one process:

@@ -49,7 +49,10 @@ class Balancer(SamplerFace):
         report_filter: ``report_filter(report, update)`` may change what this rank reports (faults).
         sync: ``sync()`` waits for a GPU's queued work before the end of compute is timed.
         sit_out: the strategy may give a rank other than 0 no samples, for a loop that then leaves
-            it out of the allreduce, as bno-hvd's own does (``bno_hvd.library.catchup``).
+            it out of the allreduce, as bno-hvd's own does (``bno_hvd.library.catchup``); None (what
+            ``for_world`` passes): once a drop-in takes the balancer (:func:`~bno_hvd.DistributedOptimizer`,
+            :func:`~bno_hvd.DistributedDataParallel`), which then sits such a rank out itself
+            (``bno_hvd.library.sitout``); a split given by hand may have zeros from the start.
         text: a :class:`~bno_hvd.TextOptions` for samples of their own lengths (token sequences).
 
     Example (without a loader, ``start_step()`` gives ``step.indices`` instead)::
@@ -81,7 +84,7 @@ class Balancer(SamplerFace):
         lag: int | None = None,
         report_filter=None,
         sync=None,
-        sit_out: bool = False,
+        sit_out: bool | None = False,
         text: TextOptions | None = None,
     ):
         if text is None:
@@ -90,9 +93,11 @@ class Balancer(SamplerFace):
             raise UsageError(f"text= takes a bno_hvd.TextOptions(lengths=..., ...), got {type(text).__name__}")
         dataset_len = check_balancer(**{k: v for k, v in locals().items() if k not in ("self", "text")}, **vars(text))
         keep_freed_memory()  # a user's own loop too: no page faults on every update (bno_hvd/processes/heap.py)
-        # whether a rank may get 0 samples (sit out: the loop must then leave the allreduce to
-        # the others, as bno-hvd's own loop does: bno_hvd/library/catchup.py)
-        strategy.sit_out_ok = bool(sit_out)
+        strategy.sit_out_ok = sit_out is not False  # a rank may get 0 samples (library/catchup.py, sitout.py)
+        self.sit_out_wanted = sit_out  # None: once a drop-in sits ranks out (self.sit_out)
+        self.sit_out = None  # a drop-in's bno_hvd.library.sitout.SitOut
+        self.sit_out_from = 0  # the first update a rank may sit out (DDP: 2, see library/ddp.py)
+        self.models: list = []  # the models whose state travels to a rank back (bno.exact and the drop-ins)
         self.control = Controller(comm, strategy, lag)
         self.rank, self.size = self.control.rank, self.control.size
         self.strategy = strategy
@@ -115,10 +120,7 @@ class Balancer(SamplerFace):
         self.timer = StepTimer(window, sync)
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
-        # True where a drop-in weights each rank's gradients by its share after the backward (the Horovod
-        # drop-in's optimizer, the DDP drop-in's hook) instead of the loop weighting its loss: exact
-        # BatchNorm's backward then works in that frame (bno_hvd.library.batchnorm)
-        self.gradients_weighted = False
+        self.gradients_weighted = False  # a drop-in weights the gradients, not the loss: BatchNorm's frame
         self._step: Step | None = None
         self._computed = False  # end_compute() came for the open step
         self._sat_out = False  # this rank had no samples in its last update
@@ -279,11 +281,11 @@ class Balancer(SamplerFace):
     def rebalance(self):
         """Collective: gather, allocate on rank 0, broadcast; used from update ``done + lag - 1``."""
         if self._someone_out:
-            # a rank that sat the updates out arrives here long before the others; waiting in MPI's
-            # gather it would spin its CPU limit away from Horovod's background thread, whose
-            # every cycle the whole job waits for (measured: the others' sync 66 ms, not ~10);
-            # a polled barrier sleeps until every rank is here
+            # a rank that sat the updates out arrives here long before the others: MPI's gather would spin its
+            # CPU limit away from Horovod's background thread (the others' sync 66 ms, not ~10); this sleeps
             sleep_until([self.control.plane.comm.Ibarrier().Test])
+        may = self.sit_out_wanted is True or (self.sit_out_wanted is None and self.sit_out is not None)
+        self.strategy.sit_out_ok = may and self.update >= self.sit_out_from
         result = self.control.rebalance(self.report(), self.update)
         for warning in result.warnings:  # rank 0: the strategy's, and what the other ranks sent
             self.warnings.warn(warning)

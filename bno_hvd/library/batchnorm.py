@@ -21,7 +21,8 @@ Same parameters, buffers and ``state_dict`` keys as the layer it replaces (the v
 optimizer built before the conversion keeps working), on the CPU and on GPUs (the allreduce of
 CPU or GPU tensors, like the gradients'). A rank with 0 samples sits the update out
 and runs no forward, so the allreduces run on the process set of the ranks that compute (the same
-one the gradients use, :mod:`bno_hvd.library.catchup`); a rank with 1 sample is fine. Every
+one the gradients use, :mod:`bno_hvd.library.catchup`; in a script, the drop-in's group of them,
+:mod:`bno_hvd.library.sitout`); a rank with 1 sample is fine. Every
 training forward must see this rank's whole batch: micro-batches under a memory cap cannot have
 global statistics (refused in one line). Layers that use batch statistics and that the conversion
 does not know (``InstanceNorm`` with running statistics, a third-party ``...Norm``) get one
@@ -191,10 +192,13 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
     collectives = functools.cache(running_collectives)  # the job's, found at the first training forward
 
     def reduce(tensor, name, sizes):
-        hvd = collectives()
         out = [r for r, b in enumerate(sizes) if b == 0]
         if out and process_sets is None:
-            raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")
+            if balancer.sit_out is None:
+                raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")
+            balancer.sit_out.allreduce_(tensor)  # a drop-in's group of the ranks that compute
+            return
+        hvd = collectives()
         where = process_sets.without(out) if out else hvd.global_process_set
         wait_handles(hvd, [handle := hvd.allreduce_async_(tensor, op=hvd.Sum, name=name, process_set=where)])
         hvd.synchronize(handle)
@@ -215,6 +219,8 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
         frame = step.weight if balancer.gradients_weighted else 1.0
         return UpdateContext(lambda t, name: reduce(t, name, step.batch_sizes), frame, balancer.rank)
 
+    if all(m is not model for m in getattr(balancer, "models", [model])):
+        balancer.models.append(model)  # its buffers travel to a rank back from sitting out (library/sitout.py)
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
     for index, (name, layer) in enumerate(layers):
         if isinstance(layer, GlobalBatchNorm) or not name:  # converted already; or the model is one layer

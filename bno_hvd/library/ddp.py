@@ -36,10 +36,15 @@ _KEPT_GROUPS: list = []
 
 class WeightedAllreduce:
     """The hook's state: ``weight()`` is this rank's factor for the update under way; ``group``
-    the process group of the gradients (None: the default group)."""
+    the process group of the gradients (None: the default group); ``current()``, if given, this
+    update's group instead where it returns one (the ranks that compute while others sit out)."""
 
-    def __init__(self, weight, group=None):
-        self.weight, self.group = weight, group
+    def __init__(self, weight, group=None, current=None):
+        self.weight, self.group, self.current = weight, group, current
+
+    def update_group(self):
+        here = None if self.current is None else self.current()
+        return self.group if here is None else here
 
 
 def weighted_allreduce_hook(state: WeightedAllreduce, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -48,7 +53,7 @@ def weighted_allreduce_hook(state: WeightedAllreduce, bucket) -> torch.futures.F
     weight = float(state.weight())
     if weight != 1.0:
         tensor.mul_(weight)
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.group, async_op=True)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.update_group(), async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
@@ -95,12 +100,69 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
             f"the process group has {dist.get_world_size(group)} ranks but the balancer {balancer.size}; "
             "the balancer's shares are over every rank of the job: use the default group"
         )
+    sit_out = balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, module, ddp_options)
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
-    ddp.register_comm_hook(WeightedAllreduce(lambda: _weight(balancer), group), weighted_allreduce_hook)
+    state = WeightedAllreduce(lambda: _weight(balancer), group)
+    ddp.register_comm_hook(state, weighted_allreduce_hook)
     _KEPT_GROUPS.append(ddp.process_group)
     balancer.gradients_weighted = True  # exact BatchNorm's backward works in the hook's frame (library/batchnorm.py)
     _StepEnds(balancer, ddp)
+    if sit_out:
+        _sit_out_beside_ddp(balancer, ddp, state)
     return ddp
+
+
+def _may_sit_out(balancer, module, ddp_options: dict) -> bool:
+    """Whether ranks of this DDP model can sit updates out (bno_hvd/library/sitout.py); refuses in
+    one line what cannot work. DDP broadcasts rank 0's buffers at every forward over every rank, so
+    only a model whose buffers are exact BatchNorm's (equal on every rank that computes) or none
+    sits out; and DDP rebuilds its gradient buckets over every rank at its second update, so no
+    rank may sit out before this process's third."""
+    from bno_hvd.library.batchnorm import GlobalBatchNorm
+
+    own = (m for m in module.modules() if not isinstance(m, GlobalBatchNorm))
+    loose = [name for m in own for name, _ in m.named_buffers(recurse=False)]
+    synced = [k for k in ("broadcast_buffers", "forward_sync_buffers") if ddp_options.get(k)]
+    zeros = any(0 in sizes for _, sizes in balancer.plan.changes)  # decided for this process's first updates
+    if zeros and (loose or synced):
+        raise UsageError(
+            "a rank has 0 samples in the split, but this DDP model syncs its buffers at every forward over every "
+            "rank (model buffers other than exact BatchNorm's, or broadcast_buffers=True): convert BatchNorm with "
+            "bno.exact(model, balancer), or give every rank samples"
+        )
+    if zeros:
+        raise UsageError(
+            "a rank has 0 samples in the first two updates: torch's DDP rebuilds its gradient buckets over every rank "
+            "at its second; give every rank samples at first (a rank may sit out two updates after the start)"
+        )
+    return not loose and not synced
+
+
+def _sit_out_beside_ddp(balancer, ddp, state) -> None:
+    """Ranks that sit an update out leave it to the others: the hook all-reduces over a group of
+    the ranks that compute (bno_hvd/library/sitout.py). What travels to a rank back: the model, and
+    every optimizer that steps its parameters (seen at its first step)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from bno_hvd.library.sitout import SitOut, torch_sum
+    from bno_hvd.processes.sitsets import SitOutSets
+
+    sit_out = balancer.sit_out = SitOut(balancer, SitOutSets.torch(balancer.size), torch_sum)
+    balancer.sit_out_from = balancer.update + 2  # DDP rebuilds its buckets over every rank at its second update
+    state.current = lambda: sit_out.group
+    if all(m is not ddp.module for m in balancer.models):
+        balancer.models.append(ddp.module)
+    ddp.broadcast_buffers = False  # only exact BatchNorm's (equal on every rank that computes), or none
+    mine = {id(p) for p in ddp.module.parameters()}
+
+    def seen(optimizer, args, kwargs):
+        if all(id(p) in mine for group in optimizer.param_groups for p in group["params"]):
+            sit_out.note_optimizer(optimizer)
+
+    _KEPT_HOOKS.append(register_optimizer_step_pre_hook(seen))
+
+
+_KEPT_HOOKS: list = []  # the global optimizer hooks of the DDP drop-ins, for as long as the process lives
 
 
 def _weight(balancer) -> float:
@@ -112,15 +174,26 @@ class _StepEnds:
     """The balancer's side of a DDP model: a training forward must belong to a batch of the
     balancer's loader (checked before DDP's first collective, on every rank alike), and the end
     of each backward pass ends the compute phase (an autograd-engine callback queued by the
-    first gradient of the pass: it runs before DDP's own wait for the allreduce). The step itself
-    ends when the loader draws the next batch (:class:`bno_hvd.DataLoader`)."""
+    first gradient of the pass: it runs before DDP's own wait for the allreduce). The step ends with
+    the ``step()`` of an optimizer over the model's parameters (so ``balancer.update`` counts it
+    right after, as with the Horovod drop-in), or where none came (a GradScaler skipped it) when
+    the loader draws the next batch (:class:`bno_hvd.DataLoader`)."""
 
     def __init__(self, balancer, ddp):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
         self.balancer, self._queued = balancer, False
+        self.params = {id(p) for p in ddp.module.parameters()}
         ddp.register_forward_pre_hook(self._check)
         for p in ddp.module.parameters():
             if p.requires_grad:
                 p.register_hook(self._first_gradient)
+        _KEPT_HOOKS.append(register_optimizer_step_post_hook(self._stepped))
+
+    def _stepped(self, optimizer, args, kwargs):
+        mine = all(id(p) in self.params for group in optimizer.param_groups for p in group["params"])
+        if mine and self.balancer.current_step is not None:
+            self.balancer.finish_step()
 
     def _check(self, module, inputs):
         if module.training and torch.is_grad_enabled() and self.balancer.current_step is None:

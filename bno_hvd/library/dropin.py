@@ -35,11 +35,14 @@ from bno_hvd.allocation.weighting import gradient_reduction, keeps_batches_even,
 from bno_hvd.common.arguments import check_flag, check_int, check_keys, check_number, describe, first_line
 from bno_hvd.common.errors import UsageError, import_horovod
 from bno_hvd.library.balancer import Balancer
+from bno_hvd.library.sitout import EpochStopped, SitOut, mpi_groups, mpi_sum
 from bno_hvd.processes.collectives import wait_for_allreduce
 from bno_hvd.processes.collector import hold_setup
 from bno_hvd.processes.world import one_line_errors
 
 __all__ = ["DataLoader", "DistributedOptimizer"]
+
+_SETUP_HELD: list = []  # not empty once a loader's first `for` kept what exists out of the collector's walks
 
 
 class DataLoader:
@@ -81,32 +84,50 @@ class DataLoader:
                 f"got {type(sampler).__name__}"
             )
         one_line_errors()
+        if sampler.max_batch is not None or sampler.max_tokens is not None:
+            raise UsageError(
+                "a memory cap (max_batch=, max_tokens=) splits a rank's batch into micro-batches, which a script's "
+                "own loop does not run: drop it here (bno-hvd train --max-batch and the explicit API run them)"
+            )
         self.dataset, self.sampler, self.balancer = dataset, sampler, sampler
         self.loader = sampler.loader(dataset, **options)  # the DataLoader of Batch objects (checks options)
         self._pass: tuple[int, int] | None = None  # (first update, epoch) of the `for` in progress
-        self._held = False  # the script's setup kept out of the garbage collector's walks (below)
 
     def __iter__(self):
         bal = self.balancer
-        if not self._held:
-            # the script's setup is done when its first training `for` starts: from then on full
-            # collections walk only what training creates (bno_hvd/processes/collector.py: on a rank
-            # at a fraction of a core a full walk of torch's, Horovod's and the model's objects stalls
-            # an update for 0.1-2 s, and every rank waits for it at the next allreduce)
-            hold_setup()
-            self._held = True
-        bal.finish_step()  # a batch whose optimizer.step() never came ends here, before the next is drawn
-        batches = iter(self.loader)
-        self._pass = (bal.update, bal.sampler.epoch)
+        if not _SETUP_HELD:  # once, at the first `for`: full collections then skip the script's setup (a walk
+            _SETUP_HELD.append(hold_setup())  # stalled a starved rank's update 0.1-2 s: processes/collector.py)
         try:
+            bal.finish_step()  # a batch whose optimizer.step() never came ends here, before the next is drawn
+            batches = iter(self.loader)
+            self._pass = (bal.update, bal.sampler.epoch)
             while True:
                 bal.finish_step()
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    if bal.sit_out is not None:
+                        bal.sit_out.catch_up()  # the script evaluates next: every rank with the current model
                     return
+                if bal.sit_out is not None:
+                    try:  # rank 0's word to a rank out, its state to a rank back (library/sitout.py)
+                        bal.sit_out.begin(bal.batch_sizes)
+                    except EpochStopped:  # rank 0's `for` ended early (a break): this one ends too
+                        return
                 bal.start_step(batch)
+                if batch.size == 0:  # this rank sits the update out: finish_step() above ends it
+                    if bal.sit_out is None:
+                        raise UsageError(
+                            "this rank has 0 samples in the split, which only bno_hvd.DistributedOptimizer or "
+                            "bno_hvd.DistributedDataParallel can sit out: wrap the optimizer or the model with one"
+                        )
+                    continue
                 yield batch.data
+        except GeneratorExit:  # the script left its `for` early: ranks out wait for rank 0's word
+            if bal.sit_out is not None:
+                bal.finish_step()
+                bal.sit_out.stop()
+            raise
         finally:
             self._pass = None
 
@@ -192,7 +213,31 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name, so that a port changes
     wrapped._bno_driver = _StepDriver(balancer, params, weighted, lr_scaling, wrapped.step)
     wrapped.step = types.MethodType(_step, wrapped)  # bound, as LR schedulers expect (they wrap step.__func__)
     wrapped.synchronize = types.MethodType(_synchronize, wrapped)  # step() calls it too
+    if balancer.sit_out_wanted is not False and balancer.size > 1 and reduce_op != "adasum":
+        _sit_out_beside_horovod(balancer, wrapped)
     return wrapped
+
+
+def _sit_out_beside_horovod(balancer, wrapped) -> None:
+    """Ranks that sit an update out leave it to the others (bno_hvd/library/sitout.py): in such an
+    update Horovod's allreduce is set aside (its hooks submit nothing), and ``synchronize`` sums
+    the gradients over an MPI communicator of the ranks that compute."""
+    comm = balancer.control.plane.comm
+    if not callable(getattr(comm, "Create_group", None)):  # a TorchComm: no MPI beside Horovod
+        return
+    balancer.sit_out = SitOut(balancer, mpi_groups(comm.Dup()), mpi_sum)
+    balancer.sit_out.note_optimizer(wrapped)
+    for name in ("_allreduce_grad_async", "_grouped_allreduce_grad_async"):
+        submit = getattr(wrapped, name, None)
+        if submit is not None:
+            setattr(wrapped, name, _unless_someone_is_out(balancer.sit_out, submit))
+
+
+def _unless_someone_is_out(sit_out, submit):
+    def deferred(*args):
+        return (None, None) if sit_out.group is not None else submit(*args)
+
+    return deferred
 
 
 def check_horovod_options(hvd, options: dict) -> None:
@@ -219,11 +264,33 @@ def _step(self, *args, **kwargs):
 
 
 def _synchronize(self):
+    sit_out = self._bno_driver.balancer.sit_out
+    if sit_out is not None and sit_out.group is not None:  # some rank sits this update out
+        _sum_over_those_computing(self, sit_out)
+        return None
     # Horovod's synchronize() waits for each allreduce in a loop of yields: on a rank under a CPU
     # limit that spins the quota away from Horovod's background thread, which does the allreduce
     # (bno_hvd/processes/collectives.py). Polling with sleeps first, it finds them done.
     wait_for_allreduce(import_horovod(), self)
     return type(self).synchronize(self)
+
+
+def _sum_over_those_computing(optimizer, sit_out) -> None:
+    """What Horovod's synchronize() does, over the ranks that compute this update: every gradient
+    (zeros for a parameter without one, as Horovod's) summed in one buffer."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    sit_out.allreduce_(flat)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+    optimizer._handles.clear()
+    optimizer._synchronized = True
 
 
 class _StepDriver:

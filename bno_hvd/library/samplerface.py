@@ -116,6 +116,9 @@ class SamplerFace:
                 file=sys.stderr,
                 flush=True,
             )
+        # a rank the strategy gives 0 samples sits out once a drop-in takes the balancer (library/sitout.py);
+        # a split by cost gives every rank a sequence at least
+        options.setdefault("sit_out", False if text is not None and text.shares else None)
         return cls(comm, strategy, length, seed=seed, **options)
 
     # -- what a DistributedSampler offers (Horovod scripts call these) ---------------------

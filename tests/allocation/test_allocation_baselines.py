@@ -74,8 +74,12 @@ def test_fixed_validates_and_never_changes():
         make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30])
     with pytest.raises(UsageError, match="one size per rank"):
         make_strategy("fixed", 4, 32)
-    with pytest.raises(UsageError, match=">= 1"):
-        make_strategy("fixed", 4, 32, batch_sizes=[10, 0, 30, 40])
+    with pytest.raises(UsageError, match="rank 0's >= 1"):
+        make_strategy("fixed", 4, 32, batch_sizes=[0, 10, 30, 40])
+    with pytest.raises(UsageError, match=">= 0"):
+        make_strategy("fixed", 4, 32, batch_sizes=[10, -1, 30, 40])
+    # a rank at 0 sits out, where the loop or a drop-in lets it (the Balancer checks: test_dropin_sitout.py)
+    assert make_strategy("fixed", 4, 8, batch_sizes=[8, 8, 0, 0]).initial() == [8, 8, 0, 0]
     with pytest.raises(UsageError, match="disagrees"):
         make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30, 40], global_batch=128)
     s = make_strategy("fixed", 4, 32, batch_sizes=[10, 20, 30, 40])

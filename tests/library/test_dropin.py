@@ -41,6 +41,7 @@ REFUSED = {  # case of the script -> what its one line says (in the script's ord
     "adasum": "op=hvd.Adasum cannot give the sample-weighted mean of uneven batches",
     "predivide": "gradient_predivide_factor=2",
     "torch-loader": "the balancer is not a torch sampler",
+    "memory-cap": "a memory cap (max_batch=, max_tokens=) splits a rank's batch into micro-batches",
     "foreign-loader": "a batch that did not come from the balancer",
 }
 

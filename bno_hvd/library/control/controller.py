@@ -43,9 +43,11 @@ class Controller:
                 f"make it with make_strategy(name, {self.size}, batch_size) (hvd.size() ranks)"
             )
         sizes = [int(b) for b in self.strategy.initial()]
-        if not valid_sizes(sizes, self.size):
+        sit_out_ok = getattr(self.strategy, "sit_out_ok", False)
+        if not valid_sizes(sizes, self.size, sit_out_ok):
             shown = sizes if len(sizes) <= 16 else f"{len(sizes)} sizes"
-            raise UsageError(f"the strategy's initial allocation must be {self.size} batch sizes >= 1, got {shown}")
+            low = ">= 1 (rank 0) and >= 0 (a rank that sits out)" if sit_out_ok else ">= 1 (no rank may sit out here)"
+            raise UsageError(f"the strategy's initial allocation must be {self.size} batch sizes {low}, got {shown}")
         return sizes
 
     def agree_lag(self, depth: int) -> int:

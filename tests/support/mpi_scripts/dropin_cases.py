@@ -29,7 +29,7 @@ from bno_hvd.allocation.sampler import UnevenSampler
 from bno_hvd.common.errors import UsageError
 
 N, B, SEED = 50, 4, 3
-REFUSALS = ["adasum", "predivide", "torch-loader", "foreign-loader"]
+REFUSALS = ["adasum", "predivide", "torch-loader", "memory-cap", "foreign-loader"]
 
 
 def say(line: str) -> None:
@@ -161,6 +161,8 @@ def refuse(case, dataset):
     elif case == "torch-loader":  # the balancer handed to torch's DataLoader as its sampler
         for _batch in torch.utils.data.DataLoader(dataset, batch_size=B, sampler=bal):
             pass
+    elif case == "memory-cap":  # micro-batches, which the script's own loop does not run
+        bno.DataLoader(dataset, sampler=bno.Balancer.for_world(dataset, B, "balanced", seed=SEED, max_batch=2))
     elif case == "foreign-loader":  # the drop-in optimizer fed by a loader the balancer did not make
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())
         opt = bno.DistributedOptimizer(opt, balancer=bal, named_parameters=model.named_parameters())

@@ -199,7 +199,7 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
                 "exact_dropout: a training forward outside a batch of the balancer's loader "
                 "(bno_hvd.DataLoader or balancer.loader)"
             )
-        return step.keys
+        return step.keys if step.rows is None else step.keys[step.rows]  # a micro-batch: its rows' keys
 
     mode = SampleDropout(keys, balancer.sampler.seed)
     mode.routed_only = True

@@ -38,10 +38,12 @@ def exact(model, balancer, *, process_sets=None):
 
 
 def exact_for_run(model, balancer, *, enabled: bool, capped: bool, process_sets=None) -> str | None:
-    """The training command's conversion: a model with BatchNorm gets the global batch's statistics
+    """The training command's conversion: dropout masks per global sample (also under micro-batches:
+    each pass draws its rows' masks), and a model with BatchNorm gets the global batch's statistics
     (``enabled``: ``--exact-batchnorm``, the default). Returns a note for the user when BatchNorm
     stays per rank although batches are uneven (``capped``: a memory cap splits batches into
     micro-batches, each of which BatchNorm can only normalise by itself)."""
+    exact_dropout(model, balancer)
     if not has_batchnorm(model):
         return None
     if not enabled:

@@ -78,6 +78,7 @@ class Step:
     shares: list[int] | None = None  # allocated by work: every rank's share (batch_sizes: its sequences)
     work: int | None = None  # this rank's work (costmodel.UNITS per average sequence), with shares or work
     emulated_work: float | None = None  # what an EMULATED device takes time for (the measured cost), if given
+    rows: slice | None = None  # the micro-batch being computed (set while parts() yields it): exact dropout's keys
 
     @property
     def micro_batches(self) -> int:
@@ -96,13 +97,19 @@ class Step:
         batch (of its samples; of its tokens when the samples have lengths)."""
         if self.lengths is not None:
             parts = token_parts(self.lengths, self.token_cap)
-            for (start, stop), share in zip(parts, token_shares(self.lengths, parts)):
-                yield slice(start, stop), share
-            return
-        per = self.size if self.cap is None else self.cap
-        for start in range(0, self.size, per):
-            stop = min(self.size, start + per)
-            yield slice(start, stop), (stop - start) / self.size
+            pairs = [
+                (slice(start, stop), share) for (start, stop), share in zip(parts, token_shares(self.lengths, parts))
+            ]
+        else:
+            per = self.size if self.cap is None else self.cap
+            pairs = [
+                (slice(a, min(self.size, a + per)), (min(self.size, a + per) - a) / self.size)
+                for a in range(0, self.size, per)
+            ]
+        for rows, share in pairs:
+            self.rows = rows
+            yield rows, share
+        self.rows = None
 
     @property
     def batch_size(self) -> int:

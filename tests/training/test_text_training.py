@@ -75,6 +75,7 @@ CASES = {  # id: (the one-process run it must equal, flags of the 4 ranks beside
         "tokens",
         ["--allocate-by", "cost", "--global-tokens", str(TOKENS), *ACCUMULATE],
     ),
+    "torch engine": ("tokens", ["--engine", "torch", "--allocate-by", "tokens", "--global-tokens", str(TOKENS)]),
 }
 SPLIT = ["--strategy", "random", "--rebalance-every", "2", "--base-batch-size", str(GLOBAL // 4)]
 

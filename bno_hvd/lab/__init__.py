@@ -20,6 +20,8 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.textbench` - ``bench --dataset text``: strategy:unit entries, tokens/s, perplexity
 - :mod:`.averages` - the paper's evaluation arithmetic (averages per block, time to accuracy)
 - :mod:`.logread`, :mod:`.report`, :mod:`.plots` - reading run logs, writing reports and figures
+- :mod:`.stamps`, :mod:`.userscripts` - a user's own script timed from outside against its plain twin
+  (``benchmarks/dropin_real.py``)
 - :mod:`.gpucheck`, :mod:`.gpuparts`, :mod:`.gpuprobe`, :mod:`.gpureport` - the GPU check
   (``launch/gpu-check OUT``): parts with budgets on a lent GPU machine, and its report
 - :mod:`.sim` - a simulator of the update for allocation policies (``bno-hvd simulate``)

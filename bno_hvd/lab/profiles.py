@@ -1,13 +1,12 @@
 """The profile suite: ``bno-hvd bench --suite real`` (REAL slowness nobody tuned for, and EMULATED).
 
-Every profile is one ``mpirun`` job of 4 ranks (those of :data:`MORE`, run by name only: 8)
+Every profile is one ``mpirun`` job of 4 ranks (those of :data:`MORE`, run by name only: 8 or 4)
 running ``bno-hvd bench --rounds R`` with the **default flags** of every strategy, so what it
-shows is what a user gets. Some profiles set the
-CPU limits with bno-hvd's own ``--cpu-quota``; most set them *outside* bno-hvd, as a container or
-a Slurm job does: the suite makes a cgroup per rank and starts each rank inside it
-(:mod:`bno_hvd.lab.confine`); one slows a rank with busy processes on its core, with no quota at
-all. Each profile also runs ``fixed`` at the split a user would write by hand from what they know
-of the ranks (the quotas, the emulated speeds, the share of a core), the bar to clear.
+shows is what a user gets. Some profiles set the CPU limits with bno-hvd's own ``--cpu-quota``;
+most set them *outside* bno-hvd, as a container or a Slurm job does: the suite makes a cgroup per
+rank and starts each rank inside it (:mod:`bno_hvd.lab.confine`); one slows a rank with busy
+processes on its core, with no quota at all. Each profile also runs ``fixed`` at the split a user
+would write by hand from what they know of the ranks, the bar to clear.
 
 Whatever the suite creates outside its output directory (cgroups, busy processes) is removed
 when a profile ends, also when it fails; a reaper outside the cgroups removes them if the suite
@@ -145,8 +144,11 @@ PROFILES = (
         flags=("--emulate-speed", "1,0.75,0.5,0.25"),
     ),
 )
-# run by name only (``--profiles``), not by ``--suite real``: 8 ranks on the suite's machine
+# run by name only (``--profiles``), not by ``--suite real``: 8 ranks on the suite's machine; the
+# shape of quota-own-10ms with its limits set outside, for a user's own script (benchmarks/dropin_real.py)
+_LIMITS = (0.45, 0.45, 0.45, 0.15)
 MORE = (
+    Profile("outside-10ms", "REAL", "limits 0.45,0.45,0.45,0.15 set outside, period 10 ms", _LIMITS, outside=_LIMITS),
     Profile(
         "outside-8-four-tiny-50ms",
         "REAL",

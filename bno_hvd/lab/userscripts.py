@@ -1,0 +1,95 @@
+"""A user's own training script against its plain twin, under REAL CPU limits set outside bno-hvd
+(``benchmarks/dropin_real.py``): the arithmetic, without processes.
+
+Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
+twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
+example itself, the port, with a ``--strategy``. Every rank is timed from outside
+(:mod:`bno_hvd.lab.stamps`: the end of every ``optimizer.step()``); a run's rate is rank 0's
+samples per second over the updates after a warm-up (rank 0 never sits an update out). Variants
+run in interleaved rounds in a new random order each (:func:`bno_hvd.lab.pairing.round_orders`)
+and each port's rate is divided by the plain script's of the same round.
+
+Usage::
+
+    runs = variants("horovod", ["balanced", "equal"])        # plain, port:balanced, port:equal
+    rate = stamps_rate(steps, global_batch=128, warmup=30)   # samples/s over updates 30..end
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bno_hvd.lab.pairing import comparison
+
+SCRIPTS = {  # a kind of script -> the example its port is, and how its users launch it
+    "horovod": ("examples/horovod_mnist.py", "mpirun"),
+    "ddp": ("examples/ddp_mnist.py", "torchrun"),
+}
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run one kind of script: its name in the tables, the script, its extra arguments."""
+
+    kind: str  # a key of SCRIPTS
+    name: str  # "plain" or "port:<strategy>"
+    script: str  # the example (the port), or "twin" for its plain twin (written by the benchmark)
+    args: tuple[str, ...] = ()
+
+    @property
+    def launcher(self) -> str:
+        return SCRIPTS[self.kind][1]
+
+
+def variants(kind: str, strategies: list[str]) -> list[Variant]:
+    """The plain twin of ``kind``'s example, and its port with each strategy (the first is the
+    port's default flags when it is ``balanced``, the examples' default)."""
+    example = SCRIPTS[kind][0]
+    runs = [Variant(kind, PLAIN, "twin")]
+    for strategy in strategies:
+        runs.append(Variant(kind, f"port:{strategy}", example, ("--strategy", strategy)))
+    return runs
+
+
+def stamps_rate(steps: list[float], global_batch: int, warmup: int) -> float:
+    """Samples per second over the updates that end after update ``warmup``: the updates between
+    the end of update ``warmup - 1`` and the last one, at ``global_batch`` samples each."""
+    if warmup < 1 or len(steps) <= warmup:
+        return math.nan
+    seconds = steps[-1] - steps[warmup - 1]
+    return (len(steps) - warmup) * global_batch / seconds if seconds > 0 else math.nan
+
+
+def summarize(rates: dict[str, list[float]], seed: int = 0) -> dict[str, dict]:
+    """Per variant: its rates per round, its paired ratios to the plain script with their median
+    and 95% interval (:func:`bno_hvd.lab.pairing.comparison`)."""
+    table = comparison(rates, PLAIN, seed)
+    for row in table.values():  # the peers are other strategies in a suite; here they mean nothing
+        for key in ("vs_best_peer", "top_peer", "vs_top_peer"):
+            row.pop(key, None)
+    return table
+
+
+def format_rows(profile: str, kind: str, table: dict[str, dict]) -> list[str]:
+    """Markdown rows: profile, script, variant, median samples/s, x plain [95% interval]."""
+    rows = []
+    for name, row in table.items():
+        rates = sorted(r for r in row["rates"] if r is not None)
+        median = rates[len(rates) // 2] if rates else math.nan
+        if name == PLAIN:
+            ratio = "1"
+        elif row["median"] is None:
+            ratio = "-"
+        elif row["low"] is None:
+            ratio = f"{row['median']:.2f}"
+        else:
+            ratio = f"**{row['median']:.2f}** [{row['low']:.2f}, {row['high']:.2f}]"
+        rows.append(f"| {profile} | {kind} | {name} | {median:.0f} | {ratio} |")
+    return rows
+
+
+TABLE_HEAD = (
+    "| profile | script | run | samples/s (median) | × plain, paired per round [95% interval] |\n|---|---|---|---|---|"
+)

@@ -15,9 +15,9 @@ a 95% bootstrap interval) and writes ``OUT/dropin_real.json``. As root (cgroups)
 
     .venv/bin/python benchmarks/dropin_real.py --profiles outside-10ms,outside-equal-10ms --rounds 3
 
-Profiles: those of ``bno_hvd.lab.profiles`` whose limits are set outside (``outside-*``) or that
-start competing processes (``competing-process``); the ``quota-*`` ones are bno-hvd's own
-``--cpu-quota``, which a user's script does not have.
+Profiles: those of ``bno_hvd.lab.profiles`` whose limits are set outside (``outside-*``), that
+start competing processes (``competing-process``), or ``unlimited`` (no limit at all); the
+``quota-*`` and ``emulated-*`` ones are bno-hvd's own flags, which a user's script does not have.
 """
 
 import argparse
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="where runs and the JSON go [a new temporary folder]")
     args = parser.parse_args()
     profiles = [BY_NAME.get(name) for name in args.profiles.split(",")]
-    bad = [n for n, p in zip(args.profiles.split(","), profiles) if p is None or not (p.outside or p.competing)]
+    bad = [n for n, p in zip(args.profiles.split(","), profiles) if p is None or p.flags or p.schedule]
     if bad or args.rounds < 1 or args.warmup < 1 or args.updates < 2:
         print(
             f"dropin_real: error: profiles set outside bno-hvd only (not {', '.join(bad)})"

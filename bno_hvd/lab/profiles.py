@@ -144,11 +144,11 @@ PROFILES = (
         flags=("--emulate-speed", "1,0.75,0.5,0.25"),
     ),
 )
-# run by name only (``--profiles``), not by ``--suite real``: 8 ranks on the suite's machine; the
-# shape of quota-own-10ms with its limits set outside, for a user's own script (benchmarks/dropin_real.py)
+# run by name only (``--profiles``): 8 ranks; for a user's script (benchmarks/dropin_real.py), two more
 _LIMITS = (0.45, 0.45, 0.45, 0.15)
 MORE = (
     Profile("outside-10ms", "REAL", "limits 0.45,0.45,0.45,0.15 set outside, period 10 ms", _LIMITS, outside=_LIMITS),
+    Profile("unlimited", "REAL", "no limit: 4 ranks share the 2 cores", (1.0, 1.0, 1.0, 1.0)),
     Profile(
         "outside-8-four-tiny-50ms",
         "REAL",

@@ -174,6 +174,39 @@ def test_augmentation_depends_on_the_sample_and_epoch_only():
     assert sample_seed(0, 0, 1) != sample_seed(0, 0, 2) != sample_seed(0, 1, 1)
 
 
+class Drawing(Dataset):
+    """Sample i draws from the generators named (a numpy augmentation, Python's random, ...)."""
+
+    def __init__(self, *draws):
+        self.draws = draws
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return i, tuple(draw() for draw in self.draws)
+
+
+def test_only_the_generators_a_dataset_draws_from_are_seeded_and_each_draw_follows_its_sample():
+    import random
+
+    import numpy as np
+
+    cases = {
+        (): (),
+        ("numpy",): (np.random.rand,),
+        ("random",): (random.random,),
+        ("torch",): (lambda: float(torch.rand(1)),),
+    }
+    for names, draws in cases.items():
+        keyed = KeyedDataset(Drawing(*draws), 0, seed_samples=True, fast_tensors=False)
+        first = keyed.__getitems__([(0, 0, 3), (0, 0, 4)]).samples  # the first batch: which generators moved
+        assert keyed.drawn_from == names, (names, keyed.drawn_from)
+        again = keyed.__getitems__([(1, 0, 4), (1, 0, 3)]).samples  # seeded alike, in another batch and order
+        assert dict(first) == dict(again) and (not draws or first[0][1] != first[1][1])
+    assert KeyedDataset(Drawing(np.random.rand), 0, seed_samples=False, fast_tensors=False).drawn_from == ()
+
+
 def test_the_training_process_random_state_is_left_alone():
     keyed = KeyedDataset(Indexed(), 0, seed_samples=True, fast_tensors=False)
     torch.manual_seed(5)

@@ -52,9 +52,14 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE) + ["__version__"]
+# The framework adapters, a module each (bno.lightning.BalancedStrategy, ...): imported on first
+# use, as each imports its framework
+_FRAMEWORKS = {"lightning": "lightning", "accelerate": "accelerate", "hf": "trainer"}
 
 
 def __getattr__(name):
+    if name in _FRAMEWORKS:
+        return importlib.import_module(f".library.frameworks.{_FRAMEWORKS[name]}", __name__)
     if name not in _WHERE:
         raise AttributeError(f"module 'bno_hvd' has no attribute {name!r}")
     return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

@@ -20,4 +20,6 @@ The drop-in surface for a Horovod script (nothing to call inside its loop): :mod
 :mod:`.dropout` (dropout masks per global sample; :mod:`.dropmask` computes them), :mod:`.batchnorm`
 (BatchNorm by the global batch's statistics) and :mod:`.exact` (``bno.exact``: both in one call); for a DDP script,
 :mod:`.ddp` (``DistributedDataParallel``: DDP whose communication hook weights each rank by its share).
+The frameworks users train with (Lightning, Accelerate, the Hugging Face Trainer), each thin over
+the DDP drop-in: :mod:`.frameworks`.
 """

@@ -44,6 +44,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from bno_hvd.common.errors import UsageError
+from bno_hvd.library.dropout import refuse_checkpointing
 from bno_hvd.processes.collectives import running_collectives, wait_handles
 
 __all__ = ["GlobalBatchNorm", "exact_batchnorm", "inexact_norms"]
@@ -81,6 +82,7 @@ class GlobalBatchNorm(_BatchNorm):
         self._check_input_dim(x)
         if not self.training:  # running statistics, or this batch's where there are none: no communication
             return super().forward(x)
+        refuse_checkpointing(f"exact_batchnorm: {self.kind} {self.tag!r}")  # a recomputation would update twice
         ctx = self.context(x.shape[0])
         updating = self.track_running_stats and self.running_mean is not None
         factor = 0.0

@@ -18,11 +18,12 @@ Usage::
     bno.exact_dropout(model, balancer)    # masks per (seed, epoch, sample, call)
 
 Limits: every training forward must see the whole batch its loader delivered (the keys of its
-rows); alpha dropout is not covered; each is refused with one line. Activation checkpointing,
-which re-runs a forward outside the model's hooks, draws other masks in that recomputation, and
-a dropout called by another name in a later forward only (not the first), are not detected
-(docs/exactness.md). Cost: forward + backward of the example's Net (batch 32, float32, one
-thread) takes 1.09x its time with torch's own dropout (1.08x on a quiet machine), measured by
+rows); alpha dropout is not covered; activation checkpointing (``torch.utils.checkpoint``, which
+re-runs a forward in the backward, outside the model's hooks, where other masks would be drawn)
+around a dropout call; each is refused with one line (:func:`refuse_checkpointing`). A dropout
+called by another name in a later forward only (not the first) is not detected (docs/exactness.md).
+Cost: forward + backward of the example's Net (batch 32, float32, one thread) takes 1.09x its time
+with torch's own dropout (1.08x on a quiet machine), measured by
 ``benchmarks/dropout_cost.py --rounds 2000`` (docs/exactness.md#cost-of-exact-dropout).
 """
 
@@ -35,6 +36,7 @@ import threading
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
 from bno_hvd.common.arguments import describe
@@ -52,6 +54,24 @@ _UNROUTED = {}  # Routing's function -> torch's
 _DEFAULTS = {  # of those whose signature is _PARAMS (all six in torch 2.13); bind reads the others
     f: {k: v.default for k, v in s.parameters.items()} for f, s in _SIGNATURES.items() if tuple(s.parameters) == _PARAMS
 }
+
+
+_CHECKPOINT = torch.utils.checkpoint.__file__  # both of its kinds (reentrant or not) run their forward from here
+
+
+def refuse_checkpointing(what: str) -> None:
+    """Refuse, in one line, a forward of ``what`` under activation checkpointing: the
+    checkpointed part runs again in the backward, outside the model's forward, where neither the
+    per-sample masks nor the global batch's statistics of that update are at hand (a frame of
+    ``torch.utils.checkpoint`` in the stack; a few microseconds a call)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename == _CHECKPOINT:
+            raise UsageError(
+                f"{what} under activation checkpointing (torch.utils.checkpoint), whose recomputation in the "
+                "backward would not be exact: leave the dropout and BatchNorm layers outside the checkpointed parts"
+            )
+        frame = frame.f_back
 
 
 def _arguments(func, args, kwargs) -> dict:
@@ -100,6 +120,7 @@ class SampleDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def drop(self, x: torch.Tensor, p: float, feature_dims: int | None, inplace: bool) -> torch.Tensor:
+        refuse_checkpointing("exact_dropout: a dropout")
         keys = self.keys()
         if x.dim() < 2 or x.shape[0] != len(keys):
             raise UsageError(
@@ -171,8 +192,7 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
     ``nn.Dropout1d/2d/3d``, ``F.dropout`` and ``F.dropout1d/2d/3d`` are covered as the model
     calls them. Alpha dropout, a training forward over part of the loader's batch, and a dropout
     function called by another name than ``torch.nn.functional``'s (seen in the first training
-    forward) are refused in one line; activation checkpointing is not detected and draws other
-    masks in its recomputation (docs/exactness.md).
+    forward) and a dropout under activation checkpointing are refused in one line (docs/exactness.md).
 
     Args:
         model: the ``nn.Module``; hooks on its forward draw the masks while it trains.

@@ -79,3 +79,17 @@ def test_options_and_input_checks_are_the_layers(layer):
     model.eval()
     with pytest.raises(ValueError, match="expected"):
         model(torch.zeros(2, 3, 4, 4))  # 4D fits neither BatchNorm1d nor BatchNorm3d
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_batchnorm_under_activation_checkpointing_is_refused_in_one_line(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    model = exact_batchnorm(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)), balancer())
+    x = torch.randn(5, 3, requires_grad=True)
+    with pytest.raises(UsageError, match="outside a batch of the balancer's loader"):
+        model(x)  # not checkpointed: the layer gets as far as asking for the update in progress
+    with pytest.raises(UsageError, match=r"^exact_batchnorm: BatchNorm1d '0' under activation checkpointing") as err:
+        checkpoint(model, x, use_reentrant=reentrant).sum().backward()
+    assert "\n" not in str(err.value)
+    assert int(model[1].num_batches_tracked) == 0  # refused before it touched the running statistics

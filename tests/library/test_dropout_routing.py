@@ -2,7 +2,8 @@
 MPI.COMM_SELF): torch.nn.functional's dropout functions are routed to the model's SampleDropout
 during its training forwards only, and draw what the mode draws; torch's own functions are back
 after every forward (also one that raised) and in every other thread; a dropout called by
-another name is refused in one line at the first training forward."""
+another name is refused in one line at the first training forward, and so is a dropout under
+activation checkpointing (both of torch.utils.checkpoint's kinds)."""
 
 import threading
 
@@ -85,3 +86,28 @@ def test_another_thread_meets_torchs_own_dropout_while_a_model_trains():
     finally:
         ROUTING.leave()
     assert F.dropout is TORCH_DROPOUT
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_dropout_under_activation_checkpointing_is_refused_in_one_line(balancer, reentrant):
+    model = bno.exact_dropout(Net(), balancer)
+    x = torch.randn(6, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    model(x).sum().backward()  # outside checkpointing: exact masks
+    inner = torch.nn.Sequential(torch.nn.Linear(48, 48), torch.nn.Dropout(0.5)).double()
+    outer = bno.exact_dropout(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Identity()), balancer)
+    outer[1] = CheckpointedPart(inner, reentrant)
+    with pytest.raises(UsageError, match=r"^exact_dropout: a dropout under activation checkpointing") as err:
+        outer(x).sum().backward()
+    assert "\n" not in str(err.value) and F.dropout is TORCH_DROPOUT
+    model(x).sum().backward()  # the refusal left nothing behind
+
+
+class CheckpointedPart(torch.nn.Module):
+    def __init__(self, part, reentrant):
+        super().__init__()
+        self.part, self.reentrant = part, reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.part, x, use_reentrant=self.reentrant)

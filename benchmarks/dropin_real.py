@@ -5,13 +5,15 @@ For each profile (a cgroup per rank with a CFS quota, made before the job and un
 container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in
 a new random order, the plain twin of the example (``examples/horovod_mnist.py`` under mpirun,
 ``examples/ddp_mnist.py`` under torchrun; the twin is the example with its ``# bno-hvd:`` lines put
-back) and the example itself with each ``--strategy``. Each run trains one epoch of a Fashion-MNIST
-subset (``--warmup`` + ``--updates`` updates of 4 x 32 samples) at the scripts' own settings;
-rank 0's samples/s comes from the end of every ``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`),
-after the warm-up. A plain DDP script may hang in Gloo's teardown after its last line
-(pytorch/pytorch#56297): a job still running 30 s after rank 0 wrote its done file is ended. Prints a
-Markdown table (each run's median samples/s, its ratio to the plain script paired per round with
-a 95% bootstrap interval) and writes ``OUT/dropin_real.json``. As root (cgroups), alone on the machine:
+back) and the example itself with each ``--strategy``; ``--scripts train`` runs ``bno-hvd train``
+on the Horovod example's model (same data, 32 samples per rank) against that example's twin.
+Each run trains one epoch of a Fashion-MNIST subset (``--warmup`` + ``--updates`` updates of
+4 x 32 samples) at the scripts' own settings; rank 0's samples/s comes from the end of every
+``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`), after the warm-up. A plain DDP script may hang
+in Gloo's teardown after its last line (pytorch/pytorch#56297): a job still running 30 s after
+rank 0 wrote its done file is ended. Prints a Markdown table (each run's median samples/s, its
+ratio to the plain script paired per round with a 95% bootstrap interval) and writes
+``OUT/dropin_real.json``. As root (cgroups), alone on the machine:
 
     .venv/bin/python benchmarks/dropin_real.py --profiles outside-10ms,outside-equal-10ms --rounds 3
 
@@ -35,7 +37,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 from bno_hvd.cli.launching import mpirun_command  # noqa: E402
 from bno_hvd.lab.pairing import round_orders  # noqa: E402
 from bno_hvd.lab.profiles import BY_NAME, Confinement  # noqa: E402
-from bno_hvd.lab.userscripts import TABLE_HEAD, format_rows, stamps_rate, summarize, variants  # noqa: E402
+from bno_hvd.lab.userscripts import TABLE_HEAD, TWIN_OF, format_rows, stamps_rate, summarize, variants  # noqa: E402
 from bno_hvd.processes.mpienv import mpi_env  # noqa: E402
 
 RANKS, BATCH = 4, 32
@@ -45,7 +47,7 @@ JOB_TIMEOUT, EXIT_GRACE = 900, 30  # s: a whole run; after rank 0's done file (i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="outside-10ms,outside-equal-10ms")
-    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp")
+    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp, train")
     parser.add_argument("--strategies", default="balanced,equal", help="the port's --strategy per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=200, help="timed updates per run")
@@ -76,7 +78,7 @@ def main() -> int:
                 for label in order:
                     variant = next(v for v in runs if f"{v.kind}/{v.name}" == label)
                     where = os.path.join(out, profile.name, f"round{r}", label.replace("/", "-").replace(":", "-"))
-                    steps = run(variant, where, twins, data, confined)
+                    steps = run(variant, where, twins, data, confined, args.warmup + args.updates)
                     rate = stamps_rate(steps, RANKS * BATCH, args.warmup)
                     rates[(variant.kind, variant.name)].append(rate)
                     print(f"{profile.name} round {r}: {label} {rate:.1f} samples/s ({len(steps)} updates)", flush=True)
@@ -105,16 +107,25 @@ def prepare(out: str, updates: int) -> tuple[str, dict]:
         twins[kind] = os.path.join(out, f"plain_{os.path.basename(source)}")
         with open(twins[kind], "w") as fh:
             fh.write(plain_twin(example_source(source)))
+    twins.update({kind: twins[of] for kind, of in TWIN_OF.items()})
     return data, twins
 
 
-def run(variant, where: str, twins: dict, data: str, confined: dict) -> list[float]:
+def script_args(variant, data: str, updates: int) -> list[str]:
+    """What a run of ``variant`` is given: the examples' own flags for one epoch of the subset, or
+    bno-hvd train's for as many updates, on the Horovod example's model at the same batch per rank."""
+    if variant.kind == "train" and variant.script != "twin":
+        return ["train", "--model", "examples.horovod_mnist:Net", "--data-dir", data, "--base-batch-size", str(BATCH),
+                "--updates", str(updates), "--no-eval", "--no-progress", *variant.args]  # fmt: skip
+    return ["--epochs", "1", "--batch-size", str(BATCH), "--data-dir", data, "--log-interval", "1000000", *variant.args]
+
+
+def run(variant, where: str, twins: dict, data: str, confined: dict, updates: int) -> list[float]:
     """One job of ``variant``; rank 0's step times (empty if the job failed)."""
     os.makedirs(where)
     script = twins[variant.kind] if variant.script == "twin" else os.path.join(ROOT, variant.script)
     inner = ["python", "-m", "bno_hvd.lab.confine", "python", "-m", "bno_hvd.lab.stamps", where, script]
-    inner += ["--epochs", "1", "--batch-size", str(BATCH), "--data-dir", data, "--log-interval", "1000000"]
-    inner += list(variant.args)
+    inner += script_args(variant, data, updates)
     if variant.launcher == "mpirun":
         cmd = mpirun_command(RANKS, inner)
     else:

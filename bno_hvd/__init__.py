@@ -48,6 +48,7 @@ _EXPORTS = {
     "library.exact": ("exact",),
     "library.loader": ("Batch",),
     "library.sequences": ("measure_sequence_cost",),
+    "library.start": ("init",),
     "library.step": ("TextOptions",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

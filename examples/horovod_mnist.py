@@ -108,7 +108,7 @@ def test(model, test_loader, test_sampler):
 
 def main():
     args = parse_args()
-    hvd.init()
+    bno.init()  # bno-hvd: was hvd.init()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     torch.set_num_threads(1)  # one thread per rank: the ranks of a host share its cores
 

@@ -49,7 +49,11 @@ def main(argv: list[str]) -> int:
 
     handles = [register_optimizer_step_pre_hook(enter), register_optimizer_step_post_hook(stamp)]
     sys.argv = [script, *argv[2:]]
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as end:  # a script (or a click command: bno-hvd's) that ends by sys.exit(0)
+        if end.code not in (None, 0):
+            raise
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     with open(os.path.join(out, f"stamps-{rank}.json"), "w") as fh:
         json.dump({"rank": rank, "steps": steps}, fh)

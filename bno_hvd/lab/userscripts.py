@@ -3,7 +3,9 @@
 
 Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
 twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
-example itself, the port, with a ``--strategy``. Every rank is timed from outside
+example itself, the port, with a ``--strategy``; or ``bno-hvd train`` on the Horovod example's
+model (``--model examples.horovod_mnist:Net``, the same data and per-rank batch) against that
+example's plain twin. Every rank is timed from outside
 (:mod:`bno_hvd.lab.stamps`: the end of every ``optimizer.step()``); a run's rate is rank 0's
 samples per second over the updates after a warm-up (rank 0 never sits an update out). Variants
 run in interleaved rounds in a new random order each (:func:`bno_hvd.lab.pairing.round_orders`)
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 
 from bno_hvd.lab.pairing import comparison
 
-SCRIPTS = {  # a kind of script -> the example its port is, and how its users launch it
+SCRIPTS = {  # a kind of script -> the example its port is (or bno-hvd's command), and how its users launch it
     "horovod": ("examples/horovod_mnist.py", "mpirun"),
     "ddp": ("examples/ddp_mnist.py", "torchrun"),
+    "train": ("bno_hvd/__main__.py", "mpirun"),  # bno-hvd train on the Horovod example's Net, against its plain twin
 }
+TWIN_OF = {"train": "horovod"}  # a kind whose plain script is another kind's twin
 PLAIN = "plain"
 
 
@@ -34,7 +38,7 @@ class Variant:
     """One way to run one kind of script: its name in the tables, the script, its extra arguments."""
 
     kind: str  # a key of SCRIPTS
-    name: str  # "plain" or "port:<strategy>"
+    name: str  # "plain", "port:<strategy>" or "train:<strategy>"
     script: str  # the example (the port), or "twin" for its plain twin (written by the benchmark)
     args: tuple[str, ...] = ()
 
@@ -48,8 +52,9 @@ def variants(kind: str, strategies: list[str]) -> list[Variant]:
     port's default flags when it is ``balanced``, the examples' default)."""
     example = SCRIPTS[kind][0]
     runs = [Variant(kind, PLAIN, "twin")]
+    prefix = "train" if kind == "train" else "port"  # bno-hvd's own loop, or the script's port
     for strategy in strategies:
-        runs.append(Variant(kind, f"port:{strategy}", example, ("--strategy", strategy)))
+        runs.append(Variant(kind, f"{prefix}:{strategy}", example, ("--strategy", strategy)))
     return runs
 
 

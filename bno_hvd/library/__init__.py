@@ -15,7 +15,8 @@ The Balancer (the public step API) and its parts:
 - :mod:`.catchup` - the state a rank receives when it computes again after sitting out (bno-hvd's loop)
 - :mod:`.sitout` - the same in a script's own loop: the drop-ins sit a rank with 0 samples out
 
-The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.dropin`
+The drop-in surface for a Horovod script (nothing to call inside its loop): :mod:`.start`
+(``init``: Horovod started on the collectives that suit the machine), :mod:`.dropin`
 (``DataLoader``, ``DistributedOptimizer``, one-line errors). So that N ranks equal one process:
 :mod:`.dropout` (dropout masks per global sample; :mod:`.dropmask` computes them), :mod:`.batchnorm`
 (BatchNorm by the global batch's statistics) and :mod:`.exact` (``bno.exact``: both in one call); for a DDP script,

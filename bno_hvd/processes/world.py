@@ -126,6 +126,17 @@ def init_world(
         world = World(hvd, rank, size, local_rank, control, monitor, notes, backend, engine="torch")
         world.sit_out_sets = SitOutSets.torch(size) if size > 1 else None
         return world
+    hvd, comm, collectives, notes, sets = start_horovod(collectives, device, throttled, sit_out_sets=True)
+    world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
+    world.sit_out_sets = sets
+    return world
+
+
+def start_horovod(collectives: str = "auto", device: str = "auto", throttled: bool = False, sit_out_sets=False):
+    """MPI (mpi4py, with ``mpi_yield_when_idle`` where ranks share cores), then Horovod in the
+    same world, on ``collectives`` (``auto``: :func:`choose_collectives`); rank 0 prints the notes.
+    Returns ``(hvd, MPI.COMM_WORLD, collectives, notes, sets)``: ``sets`` the :class:`SitOutSets`
+    of Horovod process sets when ``sit_out_sets`` (bno-hvd's loop), else None. Collective."""
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
     hvd = import_horovod()
@@ -150,11 +161,9 @@ def init_world(
             )
     # any ranks but 0 may sit an update out: the process sets of the others (sitsets.py)
     gloo = comm.Dup() if collectives == "gloo" and comm.Get_size() > 1 else None  # (a new start's rendezvous)
-    sets = (
-        SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo), comm.Dup().Barrier)
-        if comm.Get_size() > 1
-        else None
-    )
+    sets = None
+    if sit_out_sets and comm.Get_size() > 1:
+        sets = SitOutSets.horovod(hvd, comm.Get_size(), lambda s: _start_again(hvd, s, gloo), comm.Dup().Barrier)
     hvd.init(process_sets=None if sets is None else sets.static())
     if collectives == "gloo":
         close_rendezvous(comm)  # the rendezvous store is needed only while the ranks join
@@ -166,9 +175,7 @@ def init_world(
     if hvd.rank() == 0:
         for note in notes:  # once per job, where the user sees it (and in every run.json)
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
-    world = World(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), comm.Dup(), comm.Dup(), notes, collectives)
-    world.sit_out_sets = sets
-    return world
+    return hvd, comm, collectives, notes, sets
 
 
 def _start_again(hvd, process_sets: list, gloo_comm) -> None:

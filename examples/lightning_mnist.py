@@ -109,9 +109,7 @@ def main():
     model = FashionClassifier(data_dir, args.batch_size, args.lr)
     every = args.checkpoint_every or None
     checkpoints = ModelCheckpoint(dirpath=args.log_dir, every_n_train_steps=every, save_top_k=-1, save_last=False)
-    strategy = bno.lightning.BalancedStrategy(
-        args.strategy, rebalance_every=args.rebalance_every
-    )  # bno-hvd: was strategy = "ddp"
+    strategy = bno.lightning.BalancedStrategy(args.strategy, args.rebalance_every)  # bno-hvd: was strategy = "ddp"
     trainer = L.Trainer(
         strategy=strategy,
         accelerator="cpu",

@@ -3,7 +3,8 @@
 
 Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
 twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
-example itself, the port, with a ``--strategy``. Every rank is timed from outside
+example itself, the port, with a ``--strategy``. (The Lightning example's plain twin runs Lightning's own
+DDPStrategy.) Every rank is timed from outside
 (:mod:`bno_hvd.lab.stamps`: the end of every ``optimizer.step()``); a run's rate is rank 0's
 samples per second over the updates after a warm-up (rank 0 never sits an update out). Variants
 run in interleaved rounds in a new random order each (:func:`bno_hvd.lab.pairing.round_orders`)
@@ -25,6 +26,7 @@ from bno_hvd.lab.pairing import comparison
 SCRIPTS = {  # a kind of script -> the example its port is, and how its users launch it
     "horovod": ("examples/horovod_mnist.py", "mpirun"),
     "ddp": ("examples/ddp_mnist.py", "torchrun"),
+    "lightning": ("examples/lightning_mnist.py", "torchrun"),  # Lightning runs under torchrun as its DDP docs show
 }
 PLAIN = "plain"
 

@@ -14,6 +14,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -136,3 +137,48 @@ def test_what_balanced_strategy_refuses_is_one_line_and_exit_2_on_every_rank(cas
     assert len(errors) == 1 and line in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count("exitcode  : 2") == 4, proc.stderr[-3000:]  # torchrun's report of each rank
+
+
+CONSTRUCTION = {
+    "text": (
+        {"lengths": [3, 5]},
+        "text split by cost (lengths=, cost=, global_tokens=) is not supported by bno.lightning yet",
+    ),
+    "micro": ({"max_batch": 8}, "a memory cap (max_batch=) runs micro-batches, which Lightning's loop does not"),
+    "hook": ({"ddp_comm_hook": print}, "BalancedStrategy registers its own DDP communication hook"),
+    "spawn": ({"start_method": "spawn"}, "start_method='spawn' is not supported by BalancedStrategy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONSTRUCTION))
+def test_what_balanced_strategy_refuses_when_built_is_one_usage_error(case):
+    from bno_hvd.common.errors import UsageError
+    from bno_hvd.library.frameworks.lightning import BalancedStrategy
+
+    options, line = CONSTRUCTION[case]
+    with pytest.raises(UsageError, match=re.escape(line)):
+        BalancedStrategy(**options)
+
+
+def test_a_loss_scale_is_refused_in_one_line():
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from bno_hvd.common.errors import UsageError
+    from bno_hvd.library.frameworks.lightning import BalancedStrategy
+
+    scaler = torch.amp.GradScaler("cpu")
+    strategy = BalancedStrategy(precision_plugin=MixedPrecision("16-mixed", "cpu", scaler=scaler))
+    line = "a loss scale (precision='16-mixed', its GradScaler) is not supported by BalancedStrategy yet"
+    with pytest.raises(UsageError, match=re.escape(line)):
+        strategy.setup(None)
+
+
+@pytest.mark.slow
+def test_a_script_refused_when_it_builds_the_strategy_exits_2_with_one_line(tmp_path):
+    code = "import bno_hvd as bno; bno.lightning.BalancedStrategy(lengths=[1, 2])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "bno-hvd: error: text split by cost (lengths=, cost=, global_tokens=) is not supported by bno.lightning "
+        "yet; use the DDP drop-in (docs/text.md)"
+    ]

@@ -19,7 +19,8 @@ Lightning's fetcher may draw a batch before the previous one is trained: a batch
 when its ``training_step`` runs (the queue of drawn batches below), and the allocation lag covers
 the extra batch drawn. Refused in one line (``bno-hvd: error:``): a split that gives a rank 0
 samples (sit-out), text split by cost, a strategy that changes the global batch (``bno``),
-gradient accumulation, memory caps, another DDP communication hook, and the spawn/fork launchers.
+gradient accumulation, memory caps, a loss scale (``16-mixed``), another DDP communication hook, and
+the spawn/fork launchers.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class BalancedStrategy(DDPStrategy):
         trainer.fit(model)      # model.train_dataloader(): DataLoader(train_set, batch_size=64, shuffle=True)
     """
 
-    def __init__(self, strategy="balanced", *, rebalance_every=10, seed=None, global_batch=None, **options):
+    def __init__(self, strategy="balanced", rebalance_every=10, *, seed=None, global_batch=None, **options):
         one_line_errors()
         for key in options:
             if key in REFUSED:
@@ -102,6 +103,14 @@ class BalancedStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         os.environ.setdefault("RANK", str(self.global_rank))  # as torchrun's: only rank 0 prints an error line
+
+    def setup(self, trainer) -> None:
+        if getattr(self.precision_plugin, "scaler", None) is not None:
+            raise UsageError(
+                "a loss scale (precision='16-mixed', its GradScaler) is not supported by BalancedStrategy yet: "
+                "use precision='bf16-mixed' or '32-true'"
+            )
+        super().setup(trainer)
 
     def configure_ddp(self) -> None:
         """Deferred: the model is wrapped once the training loader gives the Balancer (below)."""

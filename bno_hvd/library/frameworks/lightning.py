@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - the extra is not installed
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
@@ -66,7 +67,8 @@ class BalancedStrategy(DDPStrategy):
 
     Args:
         strategy: how each global batch is split: a strategy's name (``"balanced"``, ``"equal"``,
-            ``"random"``, ``"fixed:8,4,2,2"``, ...) or a :class:`~bno_hvd.Strategy`.
+            ``"random"``, ``"balanced:deadband=0.1"``, ``"fixed:8,4,2,2"`` for that split, ...) or a
+            :class:`~bno_hvd.Strategy` made for the world size.
         rebalance_every: updates between two splits.
         seed: the sample order and the per-sample dropout seeds (None: ``L.seed_everything``'s
             seed, as Lightning's ``DistributedSampler`` takes it, else 0).
@@ -151,26 +153,28 @@ class BalancedStrategy(DDPStrategy):
     # -- helpers ------------------------------------------------------------------------
 
     def _balancer(self, dataset, batch: int) -> Balancer:
+        """The Balancer over the world, its strategy checked first on every rank alike (what
+        Lightning's loop cannot run is refused before any rank waits for another)."""
         seed = self.balance.pop("seed")
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
-        options = {k: v for k, v in self.balance.items() if v is not None}
-        balancer = Balancer.for_world(dataset, batch, self.split, seed=seed, sit_out=False, **options)
-        strategy = balancer.strategy
+        strategy = _strategy(self.split, self.world_size, batch, self.balance.pop("global_batch"), seed)
         if strategy.changes_global_batch:
             raise UsageError(
                 f"strategy {strategy.name} changes the global batch, which Lightning's epoch length and learning "
                 "rate take as fixed: choose balanced, equal, random or fixed"
             )
-        if any(0 in sizes for _, sizes in balancer.plan.changes):
+        if 0 in strategy.initial():
             raise UsageError(
                 "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy; "
                 "give every rank samples (balanced never gives 0 here)"
             )
-        return balancer
+        options = {k: v for k, v in self.balance.items() if v is not None}
+        return Balancer.for_world(dataset, batch, strategy, seed=seed, sit_out=False, **options)
 
     def _wrap(self, balancer: Balancer) -> None:
         module = exact(self.lightning_module, balancer)  # Lightning's own DDP wraps the LightningModule too
-        self.model = DistributedDataParallel(module, balancer=balancer, **self._ddp_kwargs)
+        device_ids = self.determine_ddp_device_ids()
+        self.model = DistributedDataParallel(module, balancer=balancer, device_ids=device_ids, **self._ddp_kwargs)
 
 
 class BalancedLoader:
@@ -212,6 +216,21 @@ class BalancedLoader:
     def load_state_dict(self, state: dict) -> None:
         self.balancer.load_state_dict(state["balancer"])
         self.epoch, self.epoch_start = state["epoch"], state["epoch_start"]
+
+
+def _strategy(spec, world: int, batch: int, global_batch, seed: int) -> Strategy:
+    """A :class:`~bno_hvd.Strategy` from a name (``"fixed:8,4,2,2"``: ``fixed`` with that split) or as given."""
+    if isinstance(spec, Strategy):
+        if global_batch is not None:
+            raise UsageError("global_batch= belongs to the strategy: make_strategy(name, N, B, global_batch=G)")
+        return spec
+    if not isinstance(spec, str):
+        raise UsageError(f"strategy must be a strategy's name or a bno.Strategy, got {type(spec).__name__}")
+    name, _, split = spec.partition(":")
+    sizes = None
+    if name == "fixed" and split and all(part.strip().isdigit() for part in split.split(",")):
+        spec, sizes = "fixed", [int(part) for part in split.split(",")]
+    return make_strategy(spec, world, batch, global_batch=global_batch, seed=seed, batch_sizes=sizes)
 
 
 def _loading_options(dataloader: DataLoader) -> dict:

@@ -141,6 +141,10 @@ class BalancedStrategy(DDPStrategy):
         return self.loader
 
     def training_step(self, *args, **kwargs):
+        if not self.loader.drawn:  # training_step(self, dataloader_iter) draws its batches itself
+            raise UsageError(
+                "training_step(dataloader_iter) is not supported by BalancedStrategy: take (batch, batch_idx)"
+            )
         batch = self.loader.drawn.popleft()  # the oldest batch drawn is the one this step trains
         self.balancer.finish_step()  # one whose optimizer.step() never came (training_step returned None)
         step = self.balancer.start_step(batch)

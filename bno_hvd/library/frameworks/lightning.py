@@ -45,7 +45,7 @@ from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.ddp import DistributedDataParallel
 from bno_hvd.library.exact import exact
 from bno_hvd.library.loader import prefetch_depth
-from bno_hvd.processes.world import one_line_errors
+from bno_hvd.processes.world import exit_with_error, one_line_errors
 
 __all__ = ["BalancedLoader", "BalancedStrategy"]
 
@@ -108,7 +108,7 @@ class BalancedStrategy(DDPStrategy):
 
     def setup(self, trainer) -> None:
         if getattr(self.precision_plugin, "scaler", None) is not None:
-            raise UsageError(
+            refuse(
                 "a loss scale (precision='16-mixed', its GradScaler) is not supported by BalancedStrategy yet: "
                 "use precision='bf16-mixed' or '32-true'"
             )
@@ -122,13 +122,13 @@ class BalancedStrategy(DDPStrategy):
         if not trainer.training or not isinstance(dataloader, DataLoader):
             return dataloader
         if trainer.accumulate_grad_batches != 1:
-            raise UsageError(
+            refuse(
                 "accumulate_grad_batches > 1 is not supported by BalancedStrategy (each batch is one update of "
                 "the Balancer): raise the DataLoader's batch_size instead"
             )
         dataset, batch = dataloader.dataset, dataloader.batch_size
         if isinstance(dataset, IterableDataset) or batch is None:
-            raise UsageError(
+            refuse(
                 "BalancedStrategy splits a map-style dataset's global batch: give the training DataLoader "
                 "a Dataset and batch_size=B (no batch_sampler, no IterableDataset)"
             )
@@ -136,15 +136,13 @@ class BalancedStrategy(DDPStrategy):
             self.balancer = self._balancer(dataset, batch)
             self._wrap(self.balancer)
         elif len(dataset) != self.balancer.sampler.dataset_len:
-            raise UsageError("the reloaded training set has another length than the first: keep the dataset")
+            refuse("the reloaded training set has another length than the first: keep the dataset")
         self.loader = BalancedLoader(self.balancer, dataset, _loading_options(dataloader))
         return self.loader
 
     def training_step(self, *args, **kwargs):
         if not self.loader.drawn:  # training_step(self, dataloader_iter) draws its batches itself
-            raise UsageError(
-                "training_step(dataloader_iter) is not supported by BalancedStrategy: take (batch, batch_idx)"
-            )
+            refuse("training_step(dataloader_iter) is not supported by BalancedStrategy: take (batch, batch_idx)")
         batch = self.loader.drawn.popleft()  # the oldest batch drawn is the one this step trains
         self.balancer.finish_step()  # one whose optimizer.step() never came (training_step returned None)
         step = self.balancer.start_step(batch)
@@ -161,14 +159,17 @@ class BalancedStrategy(DDPStrategy):
         Lightning's loop cannot run is refused before any rank waits for another)."""
         seed = self.balance.pop("seed")
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
-        strategy = _strategy(self.split, self.world_size, batch, self.balance.pop("global_batch"), seed)
+        try:
+            strategy = _strategy(self.split, self.world_size, batch, self.balance.pop("global_batch"), seed)
+        except UsageError as err:
+            refuse(str(err))
         if strategy.changes_global_batch:
-            raise UsageError(
+            refuse(
                 f"strategy {strategy.name} changes the global batch, which Lightning's epoch length and learning "
                 "rate take as fixed: choose balanced, equal, random or fixed"
             )
         if 0 in strategy.initial():
-            raise UsageError(
+            refuse(
                 "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy; "
                 "give every rank samples (balanced never gives 0 here)"
             )
@@ -220,6 +221,13 @@ class BalancedLoader:
     def load_state_dict(self, state: dict) -> None:
         self.balancer.load_state_dict(state["balancer"])
         self.epoch, self.epoch_start = state["epoch"], state["epoch_start"]
+
+
+def refuse(message: str) -> None:
+    """A refusal every rank finds alike inside Lightning's loop: rank 0 says it in one line at once
+    (torchrun ends the other ranks as soon as one exits, Lightning's teardown runs first), and
+    every rank exits with 2, as a :class:`UsageError` would."""
+    exit_with_error(message, UsageError.exit_code)
 
 
 def _strategy(spec, world: int, batch: int, global_batch, seed: int) -> Strategy:

@@ -1,21 +1,23 @@
-"""Your own script against what you run today: the Horovod and DDP ports against their plain twins,
+"""Your own script against what you run today: the Horovod, DDP and Lightning ports against their plain twins,
 under REAL CPU limits set outside bno-hvd.
 
 For each profile (a cgroup per rank with a CFS quota, made before the job and unknown to it, as a
 container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in
 a new random order, the plain twin of the example (``examples/horovod_mnist.py`` under mpirun,
-``examples/ddp_mnist.py`` under torchrun; the twin is the example with its ``# bno-hvd:`` lines put
-back) and the example itself with each ``--strategy``; ``--scripts train`` runs ``bno-hvd train``
-on the Horovod example's model (same data, 32 samples per rank) against that example's twin.
-Each run trains one epoch of a Fashion-MNIST subset (``--warmup`` + ``--updates`` updates of
-4 x 32 samples) at the scripts' own settings; rank 0's samples/s comes from the end of every
-``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`), after the warm-up. A plain DDP script may hang
-in Gloo's teardown after its last line (pytorch/pytorch#56297): a job still running 30 s after
-rank 0 wrote its done file is ended. Prints a Markdown table (each run's median samples/s, its
-ratio to the plain script paired per round with a 95% bootstrap interval) and writes
-``OUT/dropin_real.json``. As root (cgroups), alone on the machine:
+``examples/ddp_mnist.py`` and ``examples/lightning_mnist.py`` under torchrun; the twin is the
+example with its ``# bno-hvd:`` lines put back) and the example itself with each ``--strategy``;
+``--scripts train`` runs ``bno-hvd train`` on the Horovod example's model (same data, 32 samples
+per rank) against that example's twin. Each run trains one epoch of a Fashion-MNIST subset
+(``--warmup`` + ``--updates`` updates of 4 x 32 samples) at the scripts' own settings; rank 0's
+samples/s comes from the end of every ``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`), after the
+warm-up. A plain DDP script may hang in Gloo's teardown after its last line
+(pytorch/pytorch#56297): a job still running 30 s after rank 0 wrote its done file is ended.
+Prints a Markdown table (each run's median samples/s, its ratio to the plain script paired per
+round with a 95% bootstrap interval) and writes ``OUT/dropin_real.json``. As root (cgroups),
+alone on the machine:
 
     .venv/bin/python benchmarks/dropin_real.py --profiles outside-10ms,outside-equal-10ms --rounds 3
+    .venv/bin/python benchmarks/dropin_real.py --scripts lightning --strategies balanced --rounds 5
 
 Profiles: those of ``bno_hvd.lab.profiles`` whose limits are set outside (``outside-*``), that
 start competing processes (``competing-process``), or ``unlimited`` (no limit at all); the
@@ -47,7 +49,7 @@ JOB_TIMEOUT, EXIT_GRACE = 900, 30  # s: a whole run; after rank 0's done file (i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="outside-10ms,outside-equal-10ms")
-    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp, train")
+    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp, lightning, train")
     parser.add_argument("--strategies", default="balanced,equal", help="the port's --strategy per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=200, help="timed updates per run")
@@ -96,14 +98,14 @@ def main() -> int:
 
 def prepare(out: str, updates: int) -> tuple[str, dict]:
     """A Fashion-MNIST subset of one epoch of ``updates`` global batches, and the plain twins."""
-    from port_twin import DDP_EXAMPLE, EXAMPLE, example_source, plain_twin
+    from port_twin import DDP_EXAMPLE, EXAMPLE, LIGHTNING_EXAMPLE, example_source, plain_twin
     from run_port import write_fashion_subset
 
     data = write_fashion_subset(
         os.path.join(out, "data"), "/usr/share/datasets/fashion-mnist", updates * RANKS * BATCH, 500
     )
     twins = {}
-    for kind, source in (("horovod", EXAMPLE), ("ddp", DDP_EXAMPLE)):
+    for kind, source in (("horovod", EXAMPLE), ("ddp", DDP_EXAMPLE), ("lightning", LIGHTNING_EXAMPLE)):
         twins[kind] = os.path.join(out, f"plain_{os.path.basename(source)}")
         with open(twins[kind], "w") as fh:
             fh.write(plain_twin(example_source(source)))
@@ -111,13 +113,16 @@ def prepare(out: str, updates: int) -> tuple[str, dict]:
     return data, twins
 
 
-def script_args(variant, data: str, updates: int) -> list[str]:
+def script_args(variant, data: str, updates: int, where: str) -> list[str]:
     """What a run of ``variant`` is given: the examples' own flags for one epoch of the subset, or
     bno-hvd train's for as many updates, on the Horovod example's model at the same batch per rank."""
     if variant.kind == "train" and variant.script != "twin":
         return ["train", "--model", "examples.horovod_mnist:Net", "--data-dir", data, "--base-batch-size", str(BATCH),
                 "--updates", str(updates), "--no-eval", "--no-progress", *variant.args]  # fmt: skip
-    return ["--epochs", "1", "--batch-size", str(BATCH), "--data-dir", data, "--log-interval", "1000000", *variant.args]
+    args = ["--epochs", "1", "--batch-size", str(BATCH), "--data-dir", data]
+    if variant.kind == "lightning":  # its logger and checkpoints in the run's folder; its own ranks count
+        return [*args, "--devices", str(RANKS), "--log-dir", where, *variant.args]
+    return [*args, "--log-interval", "1000000", *variant.args]
 
 
 def run(variant, where: str, twins: dict, data: str, confined: dict, updates: int) -> list[float]:
@@ -125,7 +130,7 @@ def run(variant, where: str, twins: dict, data: str, confined: dict, updates: in
     os.makedirs(where)
     script = twins[variant.kind] if variant.script == "twin" else os.path.join(ROOT, variant.script)
     inner = ["python", "-m", "bno_hvd.lab.confine", "python", "-m", "bno_hvd.lab.stamps", where, script]
-    inner += script_args(variant, data, updates)
+    inner += script_args(variant, data, updates, where)
     if variant.launcher == "mpirun":
         cmd = mpirun_command(RANKS, inner)
     else:

@@ -3,9 +3,10 @@
 
 Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
 twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
-example itself, the port, with a ``--strategy``; or ``bno-hvd train`` on the Horovod example's
-model (``--model examples.horovod_mnist:Net``, the same data and per-rank batch) against that
-example's plain twin. Every rank is timed from outside
+example itself, the port, with a ``--strategy`` (the Lightning example's plain twin runs
+Lightning's own DDPStrategy); or ``bno-hvd train`` on the Horovod example's model (``--model
+examples.horovod_mnist:Net``, the same data and per-rank batch) against that example's plain
+twin. Every rank is timed from outside
 (:mod:`bno_hvd.lab.stamps`: the end of every ``optimizer.step()``); a run's rate is rank 0's
 samples per second over the updates after a warm-up (rank 0 never sits an update out). Variants
 run in interleaved rounds in a new random order each (:func:`bno_hvd.lab.pairing.round_orders`)
@@ -28,6 +29,7 @@ SCRIPTS = {  # a kind of script -> the example its port is (or bno-hvd's command
     "horovod": ("examples/horovod_mnist.py", "mpirun"),
     "ddp": ("examples/ddp_mnist.py", "torchrun"),
     "train": ("bno_hvd/__main__.py", "mpirun"),  # bno-hvd train on the Horovod example's Net, against its plain twin
+    "lightning": ("examples/lightning_mnist.py", "torchrun"),  # Lightning runs under torchrun as its DDP docs show
 }
 TWIN_OF = {"train": "horovod"}  # a kind whose plain script is another kind's twin
 PLAIN = "plain"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 PATHS = {
     "horovod": "Horovod drop-in",
     "ddp": "DDP drop-in",
+    "lightning": "Lightning (`BalancedStrategy`)",
     "train": "`bno-hvd train --engine horovod`",
     "train-torch": "`bno-hvd train --engine torch`",
 }
@@ -56,6 +57,7 @@ class GpuOnly:
 
 LIB, TRAIN = "tests/library/", "tests/training/"
 SITOUT = f"{LIB}test_dropin_sitout.py::test_sitting_out_in_a_plain_loop_equals_one_process"
+LIGHTNING_EXACT = f"{LIB}test_lightning.py::test_4_uneven_ranks_equal_one_process_and_plain_ddp_reduction_does_not"
 CELLS = {
     ("horovod", "dropout"): Test(f"{LIB}test_horovod_port.py::test_the_port_on_4_uneven_ranks_equals_one_process"),
     ("horovod", "batchnorm"): Test(
@@ -89,6 +91,24 @@ CELLS = {
         f"{SITOUT}[ddp]", "one out and back, three of four, a break; zeros in the first two updates refused"
     ),
     ("ddp", "lossscale"): Test(f"{SITOUT}[ddp]", "sitout:amp: a scale that doubles every step"),
+    ("lightning", "dropout"): Test(LIGHTNING_EXACT, "Dropout2d and dropout"),
+    ("lightning", "batchnorm"): Test(LIGHTNING_EXACT, "BatchNorm2d, a rank at 1 sample, running statistics compared"),
+    ("lightning", "text"): Refused(
+        "text split by cost (lengths=, cost=, global_tokens=) is not supported by bno.lightning yet",
+        f"{LIB}test_lightning.py::test_what_balanced_strategy_refuses_when_built_is_one_usage_error[text]",
+    ),
+    ("lightning", "micro"): Refused(
+        "a memory cap (max_batch=) runs micro-batches, which Lightning's loop does not",
+        f"{LIB}test_lightning.py::test_what_balanced_strategy_refuses_when_built_is_one_usage_error[micro]",
+    ),
+    ("lightning", "sitout"): Refused(
+        "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy",
+        f"{LIB}test_lightning.py::test_what_balanced_strategy_refuses_is_one_line_and_exit_2_on_every_rank",
+    ),
+    ("lightning", "lossscale"): Refused(
+        "a loss scale (precision='16-mixed', its GradScaler) is not supported by BalancedStrategy yet",
+        f"{LIB}test_lightning.py::test_a_loss_scale_is_refused_in_one_line",
+    ),
     ("train", "dropout"): Test(
         f"{TRAIN}test_exact_paths.py::test_dropout_under_memory_caps_equals_one_process[horovod]",
         "a user's model, under memory caps",

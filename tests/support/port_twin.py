@@ -1,6 +1,7 @@
 """The plain Horovod script that ``examples/horovod_mnist.py``'s port markers describe (its
 "twin"), and the port as a diff (docs/porting.md, ``launch/update-docs``); the same for the plain
-DDP script of ``examples/ddp_mnist.py`` (``DDP_EXAMPLE``, docs/ddp.md).
+DDP script of ``examples/ddp_mnist.py`` (``DDP_EXAMPLE``, docs/ddp.md) and the plain Lightning
+script of ``examples/lightning_mnist.py`` (``LIGHTNING_EXAMPLE``, docs/lightning.md).
 
 A line of the port ends in one of two comments; every other line is the same in both scripts:
 
@@ -19,6 +20,7 @@ import tokenize
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "horovod_mnist.py")
 DDP_EXAMPLE = os.path.join(ROOT, "examples", "ddp_mnist.py")
+LIGHTNING_EXAMPLE = os.path.join(ROOT, "examples", "lightning_mnist.py")
 MARKER = re.compile(r"# bno-hvd: (?:was (?P<was>\S.*)|added)")
 
 

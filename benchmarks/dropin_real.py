@@ -1,17 +1,18 @@
-"""Your own script against what you run today: the Horovod and DDP ports against their plain twins,
-under REAL CPU limits set outside bno-hvd.
+"""Your own script against what you run today: the Horovod, DDP and Accelerate ports against their
+plain twins, under REAL CPU limits set outside bno-hvd.
 
 For each profile (a cgroup per rank with a CFS quota, made before the job and unknown to it, as a
-container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in
-a new random order, the plain twin of the example (``examples/horovod_mnist.py`` under mpirun,
-``examples/ddp_mnist.py`` under torchrun; the twin is the example with its ``# bno-hvd:`` lines put
-back) and the example itself with each ``--strategy``. Each run trains one epoch of a Fashion-MNIST
-subset (``--warmup`` + ``--updates`` updates of 4 x 32 samples) at the scripts' own settings;
-rank 0's samples/s comes from the end of every ``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`),
-after the warm-up. A plain DDP script may hang in Gloo's teardown after its last line
-(pytorch/pytorch#56297): a job still running 30 s after rank 0 wrote its done file is ended. Prints a
-Markdown table (each run's median samples/s, its ratio to the plain script paired per round with
-a 95% bootstrap interval) and writes ``OUT/dropin_real.json``. As root (cgroups), alone on the machine:
+container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in a
+new random order, the plain twin of the example (``examples/horovod_mnist.py`` under mpirun,
+``examples/ddp_mnist.py`` and ``examples/accelerate_mnist.py`` under torchrun; the twin is the
+example with its ``# bno-hvd:`` lines put back) and the example itself with each ``--strategy``.
+Each run trains one epoch of a Fashion-MNIST subset (``--warmup`` + ``--updates`` updates of 4 x 32
+samples) at the scripts' own settings; rank 0's samples/s comes from the end of every
+``optimizer.step()`` (:mod:`bno_hvd.lab.stamps`), after the warm-up. A plain DDP script may hang in
+Gloo's teardown after its last line (pytorch/pytorch#56297): a job still running 30 s after rank 0
+wrote its done file is ended. Prints a Markdown table (each run's median samples/s, its ratio to the
+plain script paired per round with a 95% bootstrap interval) and writes ``OUT/dropin_real.json``. As
+root (cgroups), alone on the machine:
 
     .venv/bin/python benchmarks/dropin_real.py --profiles outside-10ms,outside-equal-10ms --rounds 3
 
@@ -35,7 +36,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 from bno_hvd.cli.launching import mpirun_command  # noqa: E402
 from bno_hvd.lab.pairing import round_orders  # noqa: E402
 from bno_hvd.lab.profiles import BY_NAME, Confinement  # noqa: E402
-from bno_hvd.lab.userscripts import TABLE_HEAD, format_rows, stamps_rate, summarize, variants  # noqa: E402
+from bno_hvd.lab.userscripts import SCRIPTS, TABLE_HEAD, format_rows, stamps_rate, summarize, variants  # noqa: E402
 from bno_hvd.processes.mpienv import mpi_env  # noqa: E402
 
 RANKS, BATCH = 4, 32
@@ -45,7 +46,7 @@ JOB_TIMEOUT, EXIT_GRACE = 900, 30  # s: a whole run; after rank 0's done file (i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="outside-10ms,outside-equal-10ms")
-    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp")
+    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp, accelerate")
     parser.add_argument("--strategies", default="balanced,equal", help="the port's --strategy per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=200, help="timed updates per run")
@@ -94,14 +95,15 @@ def main() -> int:
 
 def prepare(out: str, updates: int) -> tuple[str, dict]:
     """A Fashion-MNIST subset of one epoch of ``updates`` global batches, and the plain twins."""
-    from port_twin import DDP_EXAMPLE, EXAMPLE, example_source, plain_twin
+    from port_twin import example_source, plain_twin
     from run_port import write_fashion_subset
 
     data = write_fashion_subset(
         os.path.join(out, "data"), "/usr/share/datasets/fashion-mnist", updates * RANKS * BATCH, 500
     )
     twins = {}
-    for kind, source in (("horovod", EXAMPLE), ("ddp", DDP_EXAMPLE)):
+    for kind, (example, _) in SCRIPTS.items():
+        source = os.path.join(ROOT, example)
         twins[kind] = os.path.join(out, f"plain_{os.path.basename(source)}")
         with open(twins[kind], "w") as fh:
             fh.write(plain_twin(example_source(source)))

@@ -1,7 +1,7 @@
 """A user's own training script against its plain twin, under REAL CPU limits set outside bno-hvd
 (``benchmarks/dropin_real.py``): the arithmetic, without processes.
 
-Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
+Each *variant* is one script run the way its user runs it: the plain Horovod, DDP or Accelerate script (the
 twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
 example itself, the port, with a ``--strategy``. Every rank is timed from outside
 (:mod:`bno_hvd.lab.stamps`: the end of every ``optimizer.step()``); a run's rate is rank 0's
@@ -25,7 +25,9 @@ from bno_hvd.lab.pairing import comparison
 SCRIPTS = {  # a kind of script -> the example its port is, and how its users launch it
     "horovod": ("examples/horovod_mnist.py", "mpirun"),
     "ddp": ("examples/ddp_mnist.py", "torchrun"),
+    "accelerate": ("examples/accelerate_mnist.py", "torchrun"),
 }
+FLAGS = {"accelerate": ("--cpu",)}  # what a kind's scripts (plain and port) take besides the common flags
 PLAIN = "plain"
 
 
@@ -47,9 +49,10 @@ def variants(kind: str, strategies: list[str]) -> list[Variant]:
     """The plain twin of ``kind``'s example, and its port with each strategy (the first is the
     port's default flags when it is ``balanced``, the examples' default)."""
     example = SCRIPTS[kind][0]
-    runs = [Variant(kind, PLAIN, "twin")]
+    flags = FLAGS.get(kind, ())
+    runs = [Variant(kind, PLAIN, "twin", flags)]
     for strategy in strategies:
-        runs.append(Variant(kind, f"port:{strategy}", example, ("--strategy", strategy)))
+        runs.append(Variant(kind, f"port:{strategy}", example, (*flags, "--strategy", strategy)))
     return runs
 
 

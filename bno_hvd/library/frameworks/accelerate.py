@@ -1,8 +1,9 @@
 """Hugging Face Accelerate 1.x: a script built on ``accelerator.prepare(model, optimizer, train_loader)``
 trains on uneven, rebalanced batches (docs/accelerate.md).
 
-Four lines change in an Accelerate script (``examples/accelerate_mnist.py`` has the whole port)::
+Five lines change in an Accelerate script (``examples/accelerate_mnist.py`` has the whole port)::
 
+    import bno_hvd as bno
     accelerator = bno.accelerate.Accelerator(cpu=args.cpu)                  # was Accelerator(cpu=args.cpu)
     train_sampler = bno.Balancer.for_world(train_set, args.batch_size)      # added
     train_loader = bno.DataLoader(train_set, sampler=train_sampler)         # was DataLoader(..., shuffle=True)

@@ -6,9 +6,7 @@ Usage (under torchrun): ``python tests/support/run_without.py MECHANISM OUT_DIR 
 - ``weighting``: ``bno.accelerate.Accelerator`` is Accelerate's own (the balancer's loader passes
   through its ``prepare`` untouched, the model gets torch's DDP, which averages the ranks' gradients);
 - ``exact``: ``bno.exact`` returns the model as it is (each rank's dropout draws its own masks,
-  BatchNorm normalises by each rank's batch);
-- ``tokens``: ``bno.hf.BalancedTrainer`` is given every sequence's length as 1, so it splits and
-  weights the ranks by sequence counts instead of tokens.
+  BatchNorm normalises by each rank's batch).
 """
 
 import os
@@ -29,16 +27,6 @@ def take_out(mechanism: str) -> None:
         adapter.Accelerator = accelerate.Accelerator
     elif mechanism == "exact":
         bno_hvd.exact = lambda model, balancer, **_: model  # module attributes win over bno_hvd.__getattr__
-    elif mechanism == "tokens":
-        from bno_hvd.library.frameworks import trainer
-
-        build = trainer.BalancedTrainer.__init__
-
-        def by_counts(self, *args, **kwargs):
-            kwargs["lengths"] = [1] * len(kwargs["train_dataset"])
-            build(self, *args, **kwargs)
-
-        trainer.BalancedTrainer.__init__ = by_counts
     else:
         raise SystemExit(f"run_without.py: unknown mechanism {mechanism!r}")
 

@@ -1,11 +1,12 @@
-"""Your own script against what you run today: the Horovod, DDP and Lightning ports against their plain twins,
-under REAL CPU limits set outside bno-hvd.
+"""Your own script against what you run today: the Horovod, DDP, Lightning and Accelerate ports
+against their plain twins, under REAL CPU limits set outside bno-hvd.
 
 For each profile (a cgroup per rank with a CFS quota, made before the job and unknown to it, as a
 container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in
 a new random order, the plain twin of the example (``examples/horovod_mnist.py`` under mpirun,
-``examples/ddp_mnist.py`` and ``examples/lightning_mnist.py`` under torchrun; the twin is the
-example with its ``# bno-hvd:`` lines put back) and the example itself with each ``--strategy``;
+``examples/ddp_mnist.py``, ``examples/lightning_mnist.py`` and ``examples/accelerate_mnist.py`` under
+torchrun; the twin is the example with its ``# bno-hvd:`` lines put back) and the example itself
+with each ``--strategy``;
 ``--scripts train`` runs ``bno-hvd train`` on the Horovod example's model (same data, 32 samples
 per rank) against that example's twin. Each run trains one epoch of a Fashion-MNIST subset
 (``--warmup`` + ``--updates`` updates of 4 x 32 samples) at the scripts' own settings; rank 0's
@@ -39,7 +40,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 from bno_hvd.cli.launching import mpirun_command  # noqa: E402
 from bno_hvd.lab.pairing import round_orders  # noqa: E402
 from bno_hvd.lab.profiles import BY_NAME, Confinement  # noqa: E402
-from bno_hvd.lab.userscripts import TABLE_HEAD, TWIN_OF, format_rows, stamps_rate, summarize, variants  # noqa: E402
+from bno_hvd.lab.userscripts import SCRIPTS, TABLE_HEAD, TWIN_OF, format_rows, stamps_rate, summarize, variants  # noqa: E402,E501
 from bno_hvd.processes.mpienv import mpi_env  # noqa: E402
 
 RANKS, BATCH = 4, 32
@@ -49,7 +50,7 @@ JOB_TIMEOUT, EXIT_GRACE = 900, 30  # s: a whole run; after rank 0's done file (i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="outside-10ms,outside-equal-10ms")
-    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: horovod, ddp, lightning, train")
+    parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: " + ", ".join(SCRIPTS))
     parser.add_argument("--strategies", default="balanced,equal", help="the port's --strategy per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=200, help="timed updates per run")
@@ -98,14 +99,17 @@ def main() -> int:
 
 def prepare(out: str, updates: int) -> tuple[str, dict]:
     """A Fashion-MNIST subset of one epoch of ``updates`` global batches, and the plain twins."""
-    from port_twin import DDP_EXAMPLE, EXAMPLE, LIGHTNING_EXAMPLE, example_source, plain_twin
+    from port_twin import example_source, plain_twin
     from run_port import write_fashion_subset
 
     data = write_fashion_subset(
         os.path.join(out, "data"), "/usr/share/datasets/fashion-mnist", updates * RANKS * BATCH, 500
     )
     twins = {}
-    for kind, source in (("horovod", EXAMPLE), ("ddp", DDP_EXAMPLE), ("lightning", LIGHTNING_EXAMPLE)):
+    for kind, (example, _) in SCRIPTS.items():
+        if kind in TWIN_OF:  # bno-hvd train: its plain script is another kind's twin
+            continue
+        source = os.path.join(ROOT, example)
         twins[kind] = os.path.join(out, f"plain_{os.path.basename(source)}")
         with open(twins[kind], "w") as fh:
             fh.write(plain_twin(example_source(source)))

@@ -1,8 +1,9 @@
 """A user's own training script against its plain twin, under REAL CPU limits set outside bno-hvd
 (``benchmarks/dropin_real.py``): the arithmetic, without processes.
 
-Each *variant* is one script run the way its user runs it: the plain Horovod or DDP script (the
-twin of an example, its ``# bno-hvd:`` lines put back: ``tests/support/port_twin.py``) or the
+Each *variant* is one script run the way its user runs it: the plain Horovod, DDP, Lightning or
+Accelerate script (the twin of an example, its ``# bno-hvd:`` lines put back:
+``tests/support/port_twin.py``) or the
 example itself, the port, with a ``--strategy`` (the Lightning example's plain twin runs
 Lightning's own DDPStrategy); or ``bno-hvd train`` on the Horovod example's model (``--model
 examples.horovod_mnist:Net``, the same data and per-rank batch) against that example's plain
@@ -30,8 +31,10 @@ SCRIPTS = {  # a kind of script -> the example its port is (or bno-hvd's command
     "ddp": ("examples/ddp_mnist.py", "torchrun"),
     "train": ("bno_hvd/__main__.py", "mpirun"),  # bno-hvd train on the Horovod example's Net, against its plain twin
     "lightning": ("examples/lightning_mnist.py", "torchrun"),  # Lightning runs under torchrun as its DDP docs show
+    "accelerate": ("examples/accelerate_mnist.py", "torchrun"),
 }
 TWIN_OF = {"train": "horovod"}  # a kind whose plain script is another kind's twin
+FLAGS = {"accelerate": ("--cpu",)}  # what a kind's scripts (plain and port) take besides the common flags
 PLAIN = "plain"
 
 
@@ -53,10 +56,11 @@ def variants(kind: str, strategies: list[str]) -> list[Variant]:
     """The plain twin of ``kind``'s example, and its port with each strategy (the first is the
     port's default flags when it is ``balanced``, the examples' default)."""
     example = SCRIPTS[kind][0]
-    runs = [Variant(kind, PLAIN, "twin")]
+    flags = FLAGS.get(kind, ())
+    runs = [Variant(kind, PLAIN, "twin", flags)]
     prefix = "train" if kind == "train" else "port"  # bno-hvd's own loop, or the script's port
     for strategy in strategies:
-        runs.append(Variant(kind, f"{prefix}:{strategy}", example, ("--strategy", strategy)))
+        runs.append(Variant(kind, f"{prefix}:{strategy}", example, (*flags, "--strategy", strategy)))
     return runs
 
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from bno_hvd.common.errors import UsageError
 
-__all__ = ["DistributedDataParallel", "WeightedAllreduce", "weighted_allreduce_hook"]
+__all__ = ["DistributedDataParallel", "WeightedAllreduce", "balance_ddp", "weighted_allreduce_hook"]
 
 # Every hooked DDP's process group, kept until the interpreter exits. A script that calls
 # destroy_process_group() while its DDP model lives (torch's tutorial does) leaves the model's Reducer
@@ -84,6 +84,25 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
             F.cross_entropy(model(data), target).backward()  # the mean over the global batch
             optimizer.step()
     """
+    _check_world(balancer, module, ddp_options.get("process_group"))
+    sit_out = balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, module, ddp_options)
+    ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
+    return _weigh(ddp, balancer, sit_out)
+
+
+def balance_ddp(ddp, balancer, ddp_options: dict):
+    """What :func:`DistributedDataParallel` does to the torch DDP model it builds, on one another
+    library built (Accelerate's ``prepare``, :mod:`bno_hvd.library.frameworks`): the weighting hook,
+    the step's ends, sit-out. ``ddp_options``: the options it was built with (``broadcast_buffers``
+    given explicitly counts). Before the model's first forward; returns ``ddp``."""
+    _check_world(balancer, ddp.module, ddp.process_group)
+    sit_out = (
+        balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, ddp.module, ddp_options)
+    )
+    return _weigh(ddp, balancer, sit_out)
+
+
+def _check_world(balancer, module, group) -> None:
     from bno_hvd.library.balancer import Balancer
     from bno_hvd.processes.world import one_line_errors
 
@@ -94,15 +113,15 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
         raise UsageError("pass the plain model: bno_hvd.DistributedDataParallel wraps it in torch's DDP itself")
     if not dist.is_initialized():
         raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group() first")
-    group = ddp_options.get("process_group")
     if dist.get_world_size(group) != balancer.size:
         raise UsageError(
             f"the process group has {dist.get_world_size(group)} ranks but the balancer {balancer.size}; "
             "the balancer's shares are over every rank of the job: use the default group"
         )
-    sit_out = balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, module, ddp_options)
-    ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
-    state = WeightedAllreduce(lambda: _weight(balancer), group)
+
+
+def _weigh(ddp, balancer, sit_out: bool):
+    state = WeightedAllreduce(lambda: _weight(balancer), ddp.process_group)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
     _KEPT_GROUPS.append(ddp.process_group)
     balancer.gradients_weighted = True  # exact BatchNorm's backward works in the hook's frame (library/batchnorm.py)

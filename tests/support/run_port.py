@@ -45,13 +45,35 @@ def write_fashion_subset(root, source: str, train: int, test: int) -> str:
     return str(root)
 
 
-MODELS = ("Net", "GPT")  # the examples' models (examples/ddp_text.py: GPT)
+MODELS = ("Net", "GPT", "GPT2LMHeadModel")  # the examples' models (ddp_text.py: GPT; hf_trainer_text.py: GPT-2)
+
+
+def keep_float64_in_causal_lm_loss() -> None:
+    """transformers' causal-LM loss casts the logits to float32 (``logits = logits.float()``, meant
+    for float16 models), which would round a float64 run's loss to float32; here it keeps them as
+    they are, the loss otherwise transformers' own (its source with that one line changed)."""
+    import inspect
+
+    from transformers.loss import loss_utils
+
+    source = inspect.getsource(loss_utils.ForCausalLMLoss)
+    assert "    logits = logits.float()\n" in source, "transformers' ForCausalLMLoss changed: update this copy"
+    scope = {}
+    exec(
+        compile(source.replace("    logits = logits.float()\n", ""), loss_utils.__file__, "exec"),
+        vars(loss_utils),
+        scope,
+    )
+    loss_utils.LOSS_MAPPING["ForCausalLM"] = scope["ForCausalLMLoss"]
 
 
 def main() -> None:
     out, script = sys.argv[1:3]
     sys.argv = [script, *sys.argv[3:]]
     torch.set_default_dtype(torch.float64)
+    with open(script) as fh:
+        if "from transformers import" in fh.read():
+            keep_float64_in_causal_lm_loss()
     seen = {"model": None, "sizes": [], "group": None}
 
     def note(module, inputs, output):
@@ -59,8 +81,8 @@ def main() -> None:
             seen["model"] = module
             if seen["group"] is None and torch.distributed.is_initialized():
                 seen["group"] = torch.distributed.group.WORLD
-            if module.training:
-                seen["sizes"].append(int(inputs[0].shape[0]))
+            if module.training:  # (a transformers model takes its inputs by keyword: its logits' rows)
+                seen["sizes"].append(int(inputs[0].shape[0] if inputs else output.logits.shape[0]))
 
     handle = torch.nn.modules.module.register_module_forward_hook(note)
     runpy.run_path(script, run_name="__main__")

@@ -1,0 +1,144 @@
+"""The Hugging Face Trainer (``bno.hf.BalancedTrainer``, docs/hf-trainer.md): ``examples/hf_trainer_text.py``.
+
+- The example is a plain Trainer script (a GPT-2 built from its config, the project's corpus) with
+  its port marked (``tests/support/port_twin.py``): the twin differs in the marked lines alone,
+  keeps every lint rule and trains under torchrun with the Trainer's own sampler.
+- The example, run unchanged on 4 processes whose random split of each global batch of 16
+  sequences changes every 2 updates (a process at 1 sequence), trains exactly as one process does
+  on the same global batches (float64, the loss the mean over every predicted token): each
+  process's gradient is weighted by its share of the global batch's tokens. NOT MET yet: the test
+  is an expected failure (strict) until the difference it shows is found.
+- What the balanced Trainer cannot do exactly is refused in one line on every process.
+"""
+
+import json
+import re
+
+import pytest
+import torch
+from support.checks import max_relative_difference
+from support.jobs import ROOT, TORCHRUN_EXIT_HANG, assert_ok, python_cmd, torchrun
+from support.port_twin import example_source, plain_twin, port_diff
+from test_accelerate import WRAP, assert_marked_lines_alone
+
+from bno_hvd.data.corpus import fortunes
+
+EXAMPLE = f"{ROOT}/examples/hf_trainer_text.py"
+STEPS, GLOBAL = 12, 16
+ARGS = ["--cpu", "--strategy", "random", "--max-steps", str(STEPS), "--log-steps", "4", "--seed", "5"]
+ARGS += ["--max-seq-len", "48", "--vocab-size", "512", "--rebalance-every", "2"]
+
+
+def test_the_trainer_twin_differs_from_the_example_in_the_marked_lines_alone():
+    source = example_source(EXAMPLE)
+    twin = assert_marked_lines_alone(source)
+    assert "trainer = Trainer(" in [line.strip() for line in twin]
+    assert sum("# bno-hvd" in line for line in source.splitlines()) <= 8
+
+
+def test_docs_show_the_trainer_port_as_it_is():
+    with open(f"{ROOT}/docs/hf-trainer.md") as fh:
+        page = fh.read()
+    assert port_diff(example_source(EXAMPLE), name="examples/hf_trainer_text.py", plain="Trainer") in page
+    assert "torchrun --nproc-per-node 4 examples/hf_trainer_text.py --cpu" in page
+
+
+@pytest.mark.slow
+def test_the_trainer_twin_and_the_example_keep_every_lint_and_format_rule():
+    from test_horovod_port import ruff
+
+    twin = plain_twin(example_source(EXAMPLE))
+    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(EXAMPLE), flags=re.M)
+    for name, text in (("plain_hf_trainer_text.py", twin), ("hf_trainer_text_port.py", bare)):
+        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
+        assert check.returncode == 0, check.stdout + check.stderr
+        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
+        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Every 8th fortune, one JSON line each (as tests/library/test_text_dropins.py)."""
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "fortunes.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in fortunes()[::8]))
+    return str(root)
+
+
+def run_trainer(np_, out, script, args, without=None):
+    """``script`` on ``np_`` processes under torchrun through tests/support/run_port.py (float64;
+    each training forward's sequences and the final model kept), or run_without.py."""
+    out.mkdir()
+    done = [out / f"done-{r}" for r in range(np_)]
+    runner = ["tests/support/run_port.py"] if without is None else ["tests/support/run_without.py", without]
+    cmd = [*runner, str(out), str(script), *args, "--output-dir", str(out / "trainer")]
+    proc = torchrun(np_, cmd, timeout=400, done=done)
+    assert_ok(proc)
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    sizes = [json.loads((out / f"sizes-{r}.json").read_text()) for r in range(np_)]
+    return proc, torch.load(out / "model.pt", weights_only=True), sizes
+
+
+@pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
+def test_the_plain_trainer_twin_trains_under_torchrun(tmp_path, corpus):
+    """The 'before' of the port is a working Trainer script: its DistributedSampler's even parts."""
+    twin = tmp_path / "plain_hf_trainer_text.py"
+    twin.write_text(plain_twin(example_source(EXAMPLE)))
+    args = ["--cpu", "--max-steps", "4", "--batch-size", "4", "--data-dir", corpus, "--max-seq-len", "48"]
+    proc, model, sizes = run_trainer(2, tmp_path / "out", twin, [*args, "--vocab-size", "512"])
+    assert sizes == [[4] * 4] * 2
+    assert proc.stdout.count("test set: perplexity") == 1
+    assert "bno-hvd" not in proc.stderr
+    assert all(torch.isfinite(t).all() for t in model.values())
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, corpus):
+    """The reference: the example in one process on the whole global batch of 16 sequences."""
+    args = [*ARGS, "--data-dir", corpus, "--batch-size", str(GLOBAL)]
+    return run_trainer(1, tmp_path_factory.mktemp("trainer-one") / "one", EXAMPLE, args)
+
+
+def four(corpus):
+    return [*ARGS, "--data-dir", corpus, "--batch-size", str(GLOBAL // 4)]
+
+
+@pytest.mark.mpi
+@pytest.mark.xfail(
+    strict=True,
+    reason="NOT MET yet: 4 processes differ from one process by 0.3 (GPT-2, float64 loss) and 5e-5 (Llama); cause "
+    "not found (docs/hf-trainer.md)",
+)
+def test_the_trainer_port_on_4_uneven_processes_equals_one_process(tmp_path, corpus, one_process):
+    single_proc, single, single_sizes = one_process
+    multi_proc, multi, sizes = run_trainer(4, tmp_path / "four", EXAMPLE, four(corpus))
+    per_update = list(zip(*sizes))
+    assert len(per_update) == len(single_sizes[0]) == STEPS
+    assert all(sum(s) == GLOBAL for s in per_update) and set(single_sizes[0]) == {GLOBAL}
+    assert min(min(s) for s in per_update) == 1  # a process at 1 sequence
+    assert len(set(per_update)) >= STEPS // 2 - 1, per_update  # a new split every 2 updates
+    diff = max_relative_difference(multi, single)
+    print(f"hf trainer: 4 processes vs 1 process: max relative difference {diff:.2e}")
+    assert diff <= 1e-10
+    assert multi_proc.stdout.count("test set: perplexity") == 1
+
+
+REFUSALS = "tests/support/mpi_scripts/trainer_refusals.py"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "case,words",
+    [
+        ("accumulate", "gradient_accumulation_steps=2: BalancedTrainer does not accumulate gradients"),
+        ("dropout", "the model has active dropout (config.attention_dropout, 1 in all)"),
+        ("no-lengths", "BalancedTrainer needs each training sequence's predictions"),
+    ],
+)
+def test_what_the_trainer_cannot_do_exactly_is_refused_in_one_line(case, words):
+    proc = torchrun(2, ["--no-python", "sh", "-c", WRAP, "sh", *python_cmd(REFUSALS, case)], timeout=240)
+    text = proc.stdout + proc.stderr
+    assert sorted(re.findall(r"process (\d) exit (\d+)", proc.stdout)) == [("0", "2"), ("1", "2")], text[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "bno-hvd: error:" in line]
+    assert len(errors) == 1 and words in errors[0], text[-3000:]
+    assert "Traceback" not in text and "was not refused" not in text, text[-3000:]

@@ -48,7 +48,7 @@ def test_a_missing_range_names_its_sample():
 
 def train_ledger(tmp_path, name, *flags, updates=9, timeout=180):
     log = tmp_path / name
-    data = ["--dataset", "synthetic", "--synthetic-size", "50", "--strategy", "fixed", "--batch-sizes", "12"]
+    data = ["--dataset", "synthetic", "--strategy", "fixed", "--batch-sizes", "500"]  # 4096 samples an epoch
     proc = run_cli(*train_args(tmp_path / f"{name}.pt", log, *data, *flags, updates=updates), timeout=timeout)
     return proc, log
 
@@ -64,21 +64,24 @@ def test_a_run_passes_and_a_doctored_ledger_fails(engine, tmp_path):
     assert_ok(proc)
     check = run_cli("ledger", "check", str(log))
     assert_ok(check)
-    # 9 updates of 12 from a stream of 50: two whole epochs and 8 samples of the third
-    assert check.stdout.startswith("ledger ok: 9 updates used 108 samples, each exactly once: 2 whole epoch(s) and 8")
+    # 9 updates of 500 from a stream of 4096: one whole epoch and 404 samples of the next
+    assert check.stdout.startswith(
+        "ledger ok: 9 updates used 4500 samples, each exactly once: 1 whole epoch(s) and 404"
+    )
     lines = ledger_lines(log)
-    assert [e["update"] for e in lines[1:]] == list(range(9)) and lines[4]["ranges"] == [[0, 36, 48]]
-    repeated = [*lines[:5], {**lines[5], "ranges": [[0, 47, 50], [1, 0, 10]]}, *lines[6:]]
+    assert [e["update"] for e in lines[1:]] == list(range(9)) and lines[4]["ranges"] == [[0, 1500, 2000]]
+    assert lines[9]["ranges"] == [[0, 4000, 4096], [1, 0, 404]]
+    repeated = [*lines[:5], {**lines[5], "ranges": [[0, 1999, 2500]]}, *lines[6:]]
     (log / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in repeated))
     bad = run_cli("ledger", "check", str(log))
-    sample = int(epoch_permutation(50, 7, 0)[47])
+    sample = int(epoch_permutation(4096, 7, 0)[1999])
     assert bad.returncode == 1 and bad.stderr.strip() == (
-        f"bno-hvd: error: ledger: sample {sample} repeated: update 4 used stream position 47 of epoch 0, "
+        f"bno-hvd: error: ledger: sample {sample} repeated: update 4 used stream position 1999 of epoch 0, "
         "already used by update 3"
     ), bad.stderr
     (log / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines[:3] + lines[4:]))
     bad = run_cli("ledger", "check", str(log))
-    assert bad.returncode == 1 and "lost: no update used stream position 24 of epoch 0" in bad.stderr, bad.stderr
+    assert bad.returncode == 1 and "lost: no update used stream position 1000 of epoch 0" in bad.stderr, bad.stderr
 
 
 @pytest.mark.slow
@@ -94,7 +97,7 @@ def test_a_run_resumed_after_a_kill_passes(tmp_path):
     assert [e["update"] for e in ledger_lines(log)[1:]] == list(range(9))
     check = run_cli("ledger", "check", str(log))
     assert_ok(check)
-    assert check.stdout.startswith("ledger ok: 9 updates used 108 samples")
+    assert check.stdout.startswith("ledger ok: 9 updates used 4500 samples")
 
 
 def test_ledger_check_of_a_directory_without_one_is_one_line(tmp_path):

@@ -126,7 +126,8 @@ class ElasticAgent:
             self.say(f"error: {len(members)} worker(s) left, fewer than --min-ranks {self.min_ranks}")
             return 1
         why = [f"{w} ended ({self._status(w)})" for w in ended] + [f"{w} leaves" for w in leaving]
-        self.publish(members, ", ".join(why + [f"{w} joins" for w in ready]) or "start")
+        joins = [f"{w} joins" for w in ready] if self.generation >= 0 else ["start"]
+        self.publish(members, ", ".join(why + joins))
         return None
 
     def _ended(self) -> list[int]:

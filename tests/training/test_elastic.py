@@ -13,7 +13,7 @@ from support.train_runs import saved_model
 from bno_hvd.common.errors import UsageError
 from bno_hvd.training.config import TrainConfig
 
-UPDATES = 60
+UPDATES = 300  # about 40 ms each on 4 CPU ranks: long enough for a joiner to start
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ class ElasticJob:
         self.log = tmp_path / "elastic"
         flags = ["--engine", "torch", "--data-dir", data, "--global-batch", str(GLOBAL)]
         flags += ["--strategy", strategy, "--rebalance-every", "1"]
-        flags += ["--elastic-timeout", "15", *extra]
+        flags += ["--elastic-timeout", "5", *extra]  # a survivor waiting on a live peer learns by this timeout
         args = train_args(tmp_path / "elastic.pt", self.log, *flags, updates=updates)
         cmd = bno_cmd("elastic", "-n", str(nproc), "--max-ranks", "6", "--timeout", str(timeout), "--", *args)
         self.err_path = tmp_path / "agent.err"

@@ -128,14 +128,17 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
     from bno_hvd.training.loop import Training
 
     signal.signal(signal.SIGTERM, lambda signum, frame: membership.ask_to_leave())
-    held, gen = None, -1
+    held, gen, member = None, -1, False
     membership.ready()
     while True:  # the first generation waits for every worker to start (imports, under load)
-        gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if gen >= 0 else FIRST_WAIT_S)
+        gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if member else FIRST_WAIT_S)
         if membership.id not in ids:
             if membership.leaving:
                 return None
+            if not member:  # a joiner sees the generations before the one that admits it
+                continue
             raise TrainingError(f"--elastic: worker {membership.id} was dropped from generation {gen}")
+        member = True
         try:
             world = membership.world(gen, ids, timeout=cfg.elastic_timeout)
         except RuntimeError:  # a member died while the generation formed: the agent publishes the next

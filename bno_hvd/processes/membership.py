@@ -27,6 +27,7 @@ import time
 
 from bno_hvd.common.errors import TrainingError
 
+FORMING_FACTOR = 3  # a generation forms within 3 x --elastic-timeout (its members leave the last one by 1 x)
 STORE_ENV, ID_ENV = "BNO_ELASTIC_STORE", "BNO_ELASTIC_ID"  # set by the agent for its workers
 
 
@@ -89,11 +90,13 @@ class Membership:
 
         rank, size = ids.index(self.id), len(ids)
         store = dist.PrefixStore(f"gen{gen}", self.store)
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=size, timeout=datetime.timedelta(seconds=timeout)
-        )
+        # forming waits longer than a collective: a member may still be timing out of the last generation
+        forming = datetime.timedelta(seconds=FORMING_FACTOR * timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=forming)
         self.generation = gen
         control = TorchComm()
+        for group in (dist.group.WORLD, control.group):
+            group.set_timeout(datetime.timedelta(seconds=timeout))
         note = f"--elastic: generation {gen}, workers {ids}; gradients summed by torch.distributed over {backend}"
         # no sit-out sets: a rank never sits out, the split changes instead
         return World(

@@ -12,6 +12,8 @@ become a :class:`~bno_hvd.training.config.TrainConfig` and a run, and where lab 
 - :mod:`.train`, :mod:`.bench`, :mod:`.experiment`, :mod:`.allocate`, :mod:`.docs` - the commands
 - :mod:`.tta` - ``time-to-accuracy``: whole runs to a target accuracy, in rounds
 - :mod:`.simulate` - ``simulate``: strategies on simulated profiles (:mod:`bno_hvd.lab.sim`)
+- :mod:`.agent` - ``elastic``: a job whose ranks may leave and join (:mod:`bno_hvd.processes.elasticagent`)
+- :mod:`.ledgercheck` - ``ledger check``: every sample used exactly once (:mod:`bno_hvd.training.ledger`)
 - :mod:`.console` - what the user sees of a job (``bno-hvd console``)
 - :mod:`.hostfile` - hostfile validation (``bno-hvd check-hostfile``)
 - :mod:`.launching` - the mpirun command line and ``launch/mpi-env``'s exports

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from bno_hvd.cli import allocate, bench, console, docs, experiment, hostfile, simulate, train, tta
+from bno_hvd.cli import agent, allocate, bench, console, docs, experiment, hostfile, ledgercheck, simulate, train, tta
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.common.parsing import clip
 from bno_hvd.processes.world import exit_with_error, launched_rank
@@ -68,6 +68,6 @@ def main():
     """bno-hvd: heterogeneity-aware data-parallel training on Horovod (BalanceNet allocation)."""
 
 
-for _module in (train, allocate, hostfile, bench, console, docs, experiment, tta, simulate):
+for _module in (train, allocate, hostfile, bench, console, docs, experiment, tta, simulate, ledgercheck, agent):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -50,6 +50,19 @@ from bno_hvd.common.errors import UsageError
 @click.option("--dry-run", is_flag=True, help="Only validate the flags (and data) for --world-size ranks, then exit.")
 @click.option("--world-size", type=int, default=None, help="With --dry-run: the number of ranks to validate for.")
 @click.option(
+    "--elastic",
+    is_flag=True,
+    default=D.elastic,
+    help="Ranks may leave and join (torch engine, fixed --global-batch); start the job with bno-hvd elastic.",
+)
+@click.option(
+    "--elastic-timeout",
+    type=float,
+    default=D.elastic_timeout,
+    show_default=True,
+    help="With --elastic: seconds a collective or a re-formation waits before a rank counts as gone.",
+)
+@click.option(
     "--inject-fault",
     default=D.inject_fault,
     hidden=True,
@@ -68,10 +81,26 @@ def train(dry_run, world_size, **kw):
         click.echo("ok")
         return
     from bno_hvd.lab.plugin import lab_plugin
+
+    if cfg.elastic:
+        elastic_worker(cfg, lab_plugin)
+        return
     from bno_hvd.processes.world import init_world
     from bno_hvd.training.loop import run_training
 
     run_training(cfg, init_world(**cfg.world_options()), plugin=lab_plugin)
+
+
+def elastic_worker(cfg, plugin) -> None:
+    """A worker of ``bno-hvd elastic``: its store and id come from the agent's environment."""
+    import os
+
+    from bno_hvd.processes.membership import ID_ENV, STORE_ENV, Membership
+    from bno_hvd.training.elastic import run_elastic
+
+    if not os.environ.get(STORE_ENV) or not os.environ.get(ID_ENV, "").isdigit():
+        raise UsageError("--elastic workers are started by bno-hvd elastic: bno-hvd elastic -n 4 -- train ...")
+    run_elastic(cfg, Membership(os.environ[STORE_ENV], int(os.environ[ID_ENV])), plugin=plugin)
 
 
 COMMANDS = [train]

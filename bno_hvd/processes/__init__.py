@@ -7,6 +7,8 @@ Horovod (or torch.distributed), their settings, memory and waiting. May import :
 - :mod:`.torchworld` - the torch engine's job: torch.distributed, the loop's collectives over it
 - :mod:`.torchenv` - torch.distributed under torchrun or from the MPI world; the control plane's communicator
 - :mod:`.torchcomm` - the control plane's communicator interface, and its torch.distributed (Gloo) one
+- :mod:`.membership` - who is in an elastic job: its generations and each one's torch.distributed world
+- :mod:`.elasticagent` - the elastic job's agent: starts and watches the workers, publishes memberships
 - :mod:`.mpienv` - MPI settings in a rank (and ``launch/mpi-env``'s exports)
 - :mod:`.heap` - malloc thresholds: freed memory stays in each rank's heap
 - :mod:`.collector` - the setup kept out of Python's garbage collections

@@ -91,6 +91,7 @@ class World:
     # out (None: one rank, none can)
     sit_out_sets: SitOutSets | None = None
     engine: str = "horovod"  # or torch: hvd is then bno_hvd.processes.torchworld.TorchCollectives
+    members: list | None = None  # --elastic: the worker id of each rank (bno_hvd.processes.membership)
 
     @property
     def master(self) -> bool:

@@ -167,7 +167,7 @@ def parameters_finite(model) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point())
 
 
-def save_training_state(cfg, comm, model, optimizer, balancer) -> str | None:
+def save_training_state(cfg, comm, model, optimizer, balancer, ledger=None) -> str | None:
     """Collective over ``comm``: checkpoint the state before update ``balancer.update``.
 
     Parameters that became non-finite are never written (the previous checkpoint stays the
@@ -192,13 +192,15 @@ def save_training_state(cfg, comm, model, optimizer, balancer) -> str | None:
             "balancer": state,
             "rng": rngs,
             "config": cfg.to_dict(),
+            "ledger": [] if ledger is None else ledger.entries,  # the stream ranges of updates 0 .. update-1
         },
         keep=cfg.keep_checkpoints,
     )
 
 
-def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
+def restore_training_state(cfg, comm, model, optimizer, balancer, ledger=None) -> int | None:
     """Collective over ``comm``: load the newest checkpoint; returns its update, or None if none.
+    ``ledger`` (:class:`~bno_hvd.training.ledger.Ledger`) gets the checkpoint's entries as ``resumed``.
 
     Rank 0 reads and checks the file; model and optimizer are then broadcast by the caller
     (Horovod), the balancer state and RNG states go out here. Any problem raises the same
@@ -224,7 +226,7 @@ def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
                         f"checkpoint {where} does not fit this run ({reason}); resume with "
                         "the flags and process count it was made with"
                     ) from None
-                info = {"update": update, "balancer": state["balancer"]}
+                info = {"update": update, "balancer": state["balancer"], "ledger": _ledger_of(state)}
                 rngs = _usable_rngs(state.get("rng"), size, where)
         except UsageError as err:
             error = str(err)
@@ -235,10 +237,19 @@ def restore_training_state(cfg, comm, model, optimizer, balancer) -> int | None:
         return None
     if comm.Get_rank() != 0:
         balancer.load_state_dict(info["balancer"])  # what rank 0 loaded without an error
+    if ledger is not None:
+        ledger.resumed = info["ledger"]
     mine = comm.scatter(rngs if comm.Get_rank() == 0 else None, root=0)
     if mine is not None:
         _set_rng_state(mine)
     return int(info["update"])
+
+
+def _ledger_of(state: dict) -> list | None:
+    """The checkpoint's ledger entries when they are plain data (None: an older checkpoint without them)."""
+    entries = state.get("ledger")
+    ok = isinstance(entries, list) and _plain_data(entries) and all(isinstance(e, dict) for e in entries)
+    return entries if ok else None
 
 
 # What applying another run's (or a damaged) state raises; every one means "does not fit".

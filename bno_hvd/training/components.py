@@ -32,6 +32,7 @@ from bno_hvd.processes.device import Device, measure_cap
 from bno_hvd.training.checkpoint import restore_training_state
 from bno_hvd.training.config import TrainConfig
 from bno_hvd.training.hooks import Hooks, Plugin
+from bno_hvd.training.ledger import Ledger
 from bno_hvd.training.runlog import Progress, UpdateLog, check_output_paths
 from bno_hvd.training.tasks import ImageTask, make_task
 from bno_hvd.training.tensorboard import TensorBoardHook, check_tensorboard
@@ -131,6 +132,7 @@ class Run:
     scaler: object = None  # a GradScaler with --amp on a GPU
     outside_limits: list | None = None  # per rank: the CPU limit its cgroup had at the start (None: none)
     task: object = ImageTask()  # bno_hvd.training.tasks: how batches reach the model, the loss, the score
+    ledger: Ledger | None = None  # the stream ranges of every committed update (bno_hvd.training.ledger)
 
     def __post_init__(self) -> None:
         self.scaler = self.device.grad_scaler()
@@ -157,9 +159,11 @@ class Run:
             self.hooks.close()
 
 
-def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
+def build_run(cfg: TrainConfig, world, plugin=None, restore=None, extra_hooks=()) -> Run:
     """Collective: everything :func:`bno_hvd.training.loop.run_training` needs, on every rank
-    (``plugin``: as :func:`prepare` takes it)."""
+    (``plugin``: as :func:`prepare` takes it). ``restore(model, optimizer, balancer, ledger)``, when
+    given, restores the state instead of ``--resume``'s checkpoint (``--elastic``: a re-formed job
+    takes its state from a rank that holds it) and returns its update; ``extra_hooks`` come last."""
     torch.set_num_threads(cfg.threads)
     np.random.seed(cfg.seed)
     random.seed(cfg.seed)
@@ -175,7 +179,14 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         raise UsageError(first if len(bad) == world.size else f"rank(s) {bad}: {first}")
 
     hvd = world.hvd
+    ledger = Ledger(
+        cfg.log_dir if world.rank == 0 else None,
+        dataset_len=len(prepared.data.train),
+        seed=cfg.seed,
+        members=getattr(world, "members", None),
+    )
     hooks = build_hooks(cfg, prepared, world.rank)
+    hooks.hooks += [ledger, *extra_hooks]
     # text: the cost of a sequence, measured before Horovod wraps the optimizer (no allreduce in it)
     split, cost_model = prepared.task.allocation(cfg, world.control_comm, prepared.model, prepared.data, world.size)
     monitor = MetricsMonitor(
@@ -216,9 +227,12 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
             prepared.optimizer, named_parameters=prepared.model.named_parameters(), op=hvd.Sum
         )
         model = prepared.model
-        resumed_from = (
-            restore_training_state(cfg, world.control_comm, model, optimizer, balancer) if cfg.resume else None
-        )
+        if restore is not None:
+            resumed_from = restore(model, optimizer, balancer, ledger)
+        elif cfg.resume:
+            resumed_from = restore_training_state(cfg, world.control_comm, model, optimizer, balancer, ledger)
+        else:
+            resumed_from = None
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if resumed_from is not None:
             # only then: on fresh state Horovod's broadcast takes a zero-gradient step that would
@@ -259,6 +273,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         for note in prepared.notes + ((batchnorm_note,) if batchnorm_note else ()):
             print(f"bno-hvd: note: {note}", file=sys.stderr, flush=True)
     log = UpdateLog(cfg.log_dir if master else None, meta, append=resumed_from is not None, keep_before=resumed_from)
+    ledger.open(ledger.resumed, resumed_from)
     progress = Progress(cfg.updates, enabled=master and cfg.progress, start=balancer.update)
     return Run(
         cfg=cfg,
@@ -279,6 +294,7 @@ def build_run(cfg: TrainConfig, world, plugin=None) -> Run:
         resumed_from=resumed_from,
         outside_limits=outside,
         task=prepared.task,
+        ledger=ledger,
     )
 
 

@@ -20,6 +20,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.common.parsing import BATCH, CAP, IMAGE_SIDE, RANKS, SEED, UPDATE, check_per_rank, show_value
 from bno_hvd.data.catalog import SYNTHETIC_SIZE
 from bno_hvd.library.control.monitor import LATENCY_INTERVAL, PROBE_BYTES
+from bno_hvd.training.elasticrules import ELASTIC_RULES
 from bno_hvd.training.textrules import TEXT_RULES
 
 
@@ -88,6 +89,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     resume: bool = False
     progress: bool = True
+    elastic: bool = False  # ranks may leave and join (bno_hvd.training.elastic, under bno-hvd elastic)
+    elastic_timeout: float = 30.0  # s a collective or a re-formation may wait before a rank counts as gone
     # tests only: see bno_hvd.lab.faults
     inject_fault: str | None = field(default=None, metadata={"plugin": "--inject-fault"})
 
@@ -319,6 +322,7 @@ PAIR_RULES: tuple[tuple[Callable[[Any], bool], Callable[[Any], str]], ...] = (
     (lambda c: c.checkpoint_every and not c.checkpoint_dir, lambda c: "--checkpoint-every needs --checkpoint-dir DIR"),
     (lambda c: c.resume and not c.checkpoint_dir, lambda c: "--resume needs --checkpoint-dir DIR"),
     (lambda c: c.eval_every and not c.eval, lambda c: "--eval-every needs the test split; drop --no-eval"),
+    *ELASTIC_RULES,
     (
         lambda c: c.cpu_quota is not None and c.cpu_quota_schedule is not None,
         lambda c: "give --cpu-quota or --cpu-quota-schedule, not both",

@@ -53,9 +53,9 @@ class Training:
     block (the clock stops and the hooks step aside, e.g. a CPU quota's cgroup, while other runs train).
     """
 
-    def __init__(self, cfg, world, *, out=sys.stdout, plugin=None):
+    def __init__(self, cfg, world, *, out=sys.stdout, plugin=None, restore=None, extra_hooks=()):
         self.cfg, self.world, self.out = cfg, world, out
-        self.run = build_run(cfg, world, plugin)
+        self.run = build_run(cfg, world, plugin, restore, extra_hooks)  # (both: --elastic, training/elastic.py)
         self.clock, self.records, self.steps, self.evals = Stopwatch(), [], [], []
         self.sit_out = CatchUp(world, self.run.model, self.run.optimizer, self.run.scaler)
         try:
@@ -142,7 +142,7 @@ class Training:
             self.evals.append(evaluation_point(run, sum(r.global_batch for r in self.records), self.clock))
         if cfg.checkpoint_every and bal.update % cfg.checkpoint_every == 0:
             self.sit_out.catch_up()  # the finite check runs on every rank's parameters
-            save_training_state(cfg, world.control_comm, run.model, opt, bal)
+            save_training_state(cfg, world.control_comm, run.model, opt, bal, run.ledger)
 
     def suspend(self) -> None:
         """Step aside while other runs train: the clock stops, the hooks let go."""

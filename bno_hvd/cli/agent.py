@@ -1,0 +1,37 @@
+"""``bno-hvd elastic -n N -- train ...``: an elastic job (:mod:`bno_hvd.processes.elasticagent`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from bno_hvd.common.errors import UsageError
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-n", "--nproc", type=int, required=True, help="Workers at the start.")
+@click.option("--min-ranks", type=int, default=1, show_default=True, help="The fewest workers the job goes on with.")
+@click.option("--max-ranks", type=int, default=None, help="The most workers it takes (default: --nproc).")
+@click.option("--timeout", type=float, default=86400.0, show_default=True, help="Seconds the whole job may take.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def elastic(nproc, min_ranks, max_ranks, timeout, command):
+    """Run `bno-hvd train --engine torch --elastic ...` on NPROC local workers that may leave and join.
+
+    A worker that ends (SIGKILL) or is sent SIGTERM is dropped; SIGUSR1 to this process starts one
+    more, which joins at the next update boundary. Survivors are not restarted (docs/elastic.md)."""
+    from bno_hvd.processes.elasticagent import ElasticAgent
+
+    max_ranks = nproc if max_ranks is None else max_ranks
+    if not 1 <= min_ranks <= nproc <= max_ranks:
+        raise UsageError(f"need 1 <= --min-ranks <= --nproc <= --max-ranks, got {min_ranks}, {nproc}, {max_ranks}")
+    if command[0] != "train":
+        raise UsageError(f"bno-hvd elastic runs train, e.g. bno-hvd elastic -n 4 -- train ...; got {command[0]!r}")
+    worker = [sys.executable, "-m", "bno_hvd", *command]
+    if "--elastic" not in command:
+        worker.append("--elastic")
+    agent = ElasticAgent(worker, nproc, min_ranks=min_ranks, max_ranks=max_ranks, timeout=timeout)
+    sys.exit(agent.run())
+
+
+COMMANDS = [elastic]

@@ -1,0 +1,90 @@
+"""``bno-hvd train --elastic`` under ``bno-hvd elastic``: real workers killed (SIGKILL), asked to
+leave (SIGTERM) and joining (SIGUSR1 to the agent) at chosen updates, on Fashion-MNIST in float64.
+Every job: exit 0, the ledger check passes (no sample lost or repeated), and the final parameters
+equal one process on the same global batches (max relative difference <= 1e-10) while the split
+changes at every update (``--strategy random``, a rank at 1 sample) and with the membership."""
+
+import pytest
+from support.checks import max_relative_difference
+from support.elastic_jobs import ElasticJob, committed, reference
+from support.jobs import run_cli
+from support.train_runs import saved_model
+
+from bno_hvd.common.errors import UsageError
+from bno_hvd.training.config import TrainConfig
+
+UPDATES = 300  # about 40 ms each on 4 CPU ranks: long enough for a joiner to start
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, fashion_dir):
+    return saved_model(reference(tmp_path_factory.mktemp("elastic-one"), fashion_dir, UPDATES))
+
+
+def check_job(job, one_process, schedule, *, uneven=True):
+    code, err = job.finish()
+    events = f"schedule {schedule}: {job.events}; generations {job.generations()}\n{err[-3000:]}"
+    assert code == 0, events
+    check = run_cli("ledger", "check", str(job.log))
+    assert check.returncode == 0, f"{check.stderr}\n{events}"
+    assert check.stdout.startswith(f"ledger ok: {UPDATES} updates used {UPDATES * 16} samples"), check.stdout
+    diff = max_relative_difference(saved_model(job.model), one_process)
+    assert diff <= 1e-10, f"max relative difference {diff:.3e}; {events}"
+    entries = committed(job.log)
+    assert not uneven or any(1 in e["sizes"] for e in entries), "no rank ever had a single sample"
+    return entries
+
+
+def recoveries(job, entries) -> list[float]:
+    """Seconds from each kill to the next committed update."""
+    return [min(e["at"] for e in entries if e["at"] > kill) - kill for kill in job.kills]
+
+
+@pytest.mark.mpi
+@pytest.mark.alone  # a collective's timeout tells a death: no other test's load beside it
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        pytest.param([(8, "kill", 2), (20, "kill", 0)], id="kill-rank2-then-rank0"),
+        pytest.param([(8, "term", 1), (20, "term", 0)], id="term-rank1-then-rank0"),
+    ],
+)
+def test_ranks_leave_and_the_update_stays_exact(schedule, tmp_path, fashion_dir, one_process):
+    job = ElasticJob(tmp_path, fashion_dir, updates=UPDATES)
+    job.run_schedule(schedule)
+    entries = check_job(job, one_process, schedule)
+    members = [tuple(e["members"]) for e in entries]
+    assert len(members[-1]) == 2 and len(set(members)) == 3, sorted(set(members))
+    took = recoveries(job, entries)  # measured, not asserted: a figure of benchmarks/elastic_recovery.py
+    print(f"{schedule}: kill -> next committed update {', '.join(f'{t:.2f}' for t in took)} s")
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+def test_a_joining_rank_gets_a_share_within_two_rebalances(tmp_path, fashion_dir, one_process):
+    job = ElasticJob(tmp_path, fashion_dir, nproc=2, updates=UPDATES, strategy="balanced")
+    job.run_schedule([(5, "join", None)])
+    entries = check_job(job, one_process, "join", uneven=False)
+    joined = next(i for i, e in enumerate(entries) if len(e["members"]) == 3)
+    newcomer = entries[joined]["members"][-1]
+    first = next(
+        i for i, e in enumerate(entries) if newcomer in e["members"] and e["sizes"][e["members"].index(newcomer)]
+    )
+    assert first - joined <= 2, (joined, first)  # --rebalance-every 1: two rebalances are two updates
+
+
+def test_elastic_refuses_what_it_cannot_keep_exact():
+    with pytest.raises(UsageError, match="^--elastic needs --engine torch: the Horovod engine's ranks"):
+        TrainConfig(elastic=True, global_batch=16)
+    with pytest.raises(UsageError, match="^--elastic needs --global-batch G"):
+        TrainConfig(elastic=True, engine="torch")
+    with pytest.raises(UsageError, match="not fixed"):
+        TrainConfig(elastic=True, engine="torch", global_batch=16, strategy="fixed", batch_sizes=(16,))
+
+
+@pytest.mark.slow
+def test_horovod_engine_with_elastic_is_one_line():
+    proc = run_cli("train", "--elastic", "--global-batch", "16", "--updates", "2")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("bno-hvd: error: --elastic needs --engine torch"), lines

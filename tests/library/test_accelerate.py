@@ -19,7 +19,7 @@ import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, assert_ok, python_cmd, torchrun
-from support.port_twin import example_source, plain_twin, port_diff, port_markers
+from support.port_twin import example_source, lint_failures, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
 
 EXAMPLE = f"{ROOT}/examples/accelerate_mnist.py"
@@ -62,15 +62,8 @@ def test_docs_show_the_accelerate_port_as_it_is():
 
 @pytest.mark.slow
 def test_the_accelerate_twin_and_the_example_keep_every_lint_and_format_rule():
-    from test_horovod_port import ruff
-
-    twin = plain_twin(example_source(EXAMPLE))
-    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(EXAMPLE), flags=re.M)
-    for name, text in (("plain_accelerate_mnist.py", twin), ("accelerate_mnist_port.py", bare)):
-        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert check.returncode == 0, check.stdout + check.stderr
-        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+    failures = lint_failures(EXAMPLE)
+    assert not failures, failures
 
 
 def run_accelerate(np_, out, script, args, without=None):

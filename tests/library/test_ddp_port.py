@@ -17,7 +17,7 @@ import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, assert_ok, mpirun, python_cmd, torchrun
-from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_diff, port_markers
+from support.port_twin import DDP_EXAMPLE, example_source, lint_failures, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
 
 ARGS = ["--epochs", "2", "--strategy", "random", "--log-interval", "8", "--seed", "5"]
@@ -67,15 +67,8 @@ def test_docs_show_the_port_as_it_is():
 
 @pytest.mark.slow
 def test_the_ddp_twin_and_the_example_keep_every_lint_and_format_rule():
-    from test_horovod_port import ruff
-
-    twin = plain_twin(example_source(DDP_EXAMPLE))
-    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(DDP_EXAMPLE), flags=re.M)
-    for name, text in (("plain_ddp_mnist.py", twin), ("ddp_mnist_port.py", bare)):
-        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert check.returncode == 0, check.stdout + check.stderr
-        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+    failures = lint_failures(DDP_EXAMPLE)
+    assert not failures, failures
 
 
 @pytest.mark.mpi

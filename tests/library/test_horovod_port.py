@@ -22,7 +22,7 @@ import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, ROOT, assert_ok, horovodrun, mpirun, python_cmd
-from support.port_twin import EXAMPLE, example_source, plain_twin, port_markers
+from support.port_twin import EXAMPLE, example_source, lint_failures, plain_twin, port_markers
 from support.run_port import write_fashion_subset
 
 ARGS = ["--epochs", "2", "--strategy", "random", "--log-interval", "8", "--seed", "5"]
@@ -66,13 +66,8 @@ def test_the_twin_differs_from_the_example_in_the_marked_lines_alone():
 def test_the_twin_and_the_example_keep_every_lint_and_format_rule():
     """The twin as it is; the example without its markers' texts (which run past 120 columns, the
     only rule ruff.toml waives for it)."""
-    twin = plain_twin(example_source())
-    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(), flags=re.M)
-    for name, text in (("plain_horovod_mnist.py", twin), ("horovod_mnist_port.py", bare)):
-        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert check.returncode == 0, check.stdout + check.stderr
-        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+    failures = lint_failures(EXAMPLE)
+    assert not failures, failures
 
 
 @pytest.mark.mpi

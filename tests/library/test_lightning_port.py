@@ -11,7 +11,7 @@ import sys
 import pytest
 from support.jobs import FASHION_DIR, ROOT, assert_ok, mpi_env
 from support.port_twin import LIGHTNING_EXAMPLE as EXAMPLE
-from support.port_twin import example_source, plain_twin, port_diff, port_markers
+from support.port_twin import example_source, lint_failures, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
 
 NAME = "examples/lightning_mnist.py"
@@ -48,15 +48,8 @@ def test_docs_show_the_lightning_port_as_it_is():
 
 @pytest.mark.slow
 def test_the_lightning_twin_and_the_example_keep_every_lint_and_format_rule():
-    from test_horovod_port import ruff
-
-    twin = plain_twin(example_source(EXAMPLE))
-    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(EXAMPLE), flags=re.M)
-    for name, text in (("plain_lightning_mnist.py", twin), ("lightning_mnist_port.py", bare)):
-        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert check.returncode == 0, check.stdout + check.stderr
-        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+    failures = lint_failures(EXAMPLE)
+    assert not failures, failures
 
 
 @pytest.mark.slow

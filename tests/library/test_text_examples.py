@@ -19,7 +19,7 @@ import pytest
 import torch
 from support.checks import max_relative_difference
 from support.jobs import ROOT, TORCHRUN_EXIT_HANG, assert_ok, mpirun, python_cmd, torchrun
-from support.port_twin import example_source, plain_twin, port_markers
+from support.port_twin import example_source, lint_failures, plain_twin, port_markers
 
 import bno_hvd
 from bno_hvd.data.corpus import fortunes
@@ -57,15 +57,8 @@ def test_the_ddp_text_twin_differs_from_the_example_in_the_marked_lines_alone():
 
 @pytest.mark.slow
 def test_the_ddp_text_twin_and_the_example_keep_every_lint_and_format_rule():
-    from test_horovod_port import ruff
-
-    twin = plain_twin(example_source(DDP_TEXT))
-    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", example_source(DDP_TEXT), flags=re.M)
-    for name, text in (("plain_ddp_text.py", twin), ("ddp_text_port.py", bare)):
-        check = ruff("check", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert check.returncode == 0, check.stdout + check.stderr
-        formatted = ruff("format", "--stdin-filename", f"examples/{name}", "-", source=text)
-        assert formatted.returncode == 0 and formatted.stdout == text, f"{name} is not ruff-formatted"
+    failures = lint_failures(DDP_TEXT)
+    assert not failures, failures
 
 
 def run_example(launcher, np_, out, script, args=()):

@@ -70,3 +70,29 @@ def port_diff(source: str, context: int = 1, name: str = "examples/horovod_mnist
 def example_source(path: str = EXAMPLE) -> str:
     with open(path) as fh:
         return fh.read()
+
+
+def lint_failures(path: str) -> list[str]:
+    """What ruff says against an example's twin (as it is) and the example itself without its
+    markers' texts (which run past 120 columns, the only rule ruff.toml waives for the examples);
+    empty when both keep every lint and format rule."""
+    import subprocess
+    import sys
+
+    source = example_source(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    bare = re.sub(r"  # bno-hvd: (?:was .*|added)$", "  # bno-hvd", source, flags=re.M)
+    failures = []
+    for name, text in ((f"plain_{stem}.py", plain_twin(source)), (f"{stem}_port.py", bare)):
+        check, formatted = (
+            subprocess.run(
+                [sys.executable, "-m", "ruff", command, "--stdin-filename", f"examples/{name}", "-"],
+                input=text, capture_output=True, text=True, cwd=ROOT,
+            )
+            for command in ("check", "format")
+        )  # fmt: skip
+        if check.returncode != 0:
+            failures.append(check.stdout + check.stderr)
+        if formatted.returncode != 0 or formatted.stdout != text:
+            failures.append(f"{name} is not ruff-formatted")
+    return failures

@@ -17,7 +17,6 @@ does so itself. Used by ``benchmarks/dropin_real.py``.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import runpy
@@ -60,8 +59,10 @@ def main(argv: list[str]) -> int:
     open(os.path.join(out, f"done-{rank}"), "w").close()
     for handle in handles:
         handle.remove()
-    gc.collect()  # a DDP model in a reference cycle goes first, then the group
-    kept.clear()
+    from bno_hvd.processes.torchenv import finish_process_group
+
+    finish_process_group()  # a script that left its group: destroyed here, not in the interpreter's end
+    kept.clear()  # (after the models, which finish_process_group collects first)
     return 0
 
 

@@ -15,6 +15,7 @@ A DDP script written for torchrun runs under mpirun unchanged through this modul
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import socket
@@ -111,7 +112,32 @@ def init_process_group(backend: str, environ=os.environ) -> str:
         env_from_mpi(MPI.COMM_WORLD, environ)
         launch = "mpi"
     dist.init_process_group(backend)
+    if finish_process_group not in _AT_EXIT:
+        atexit.register(finish_process_group, on_error=False)
+        _AT_EXIT.append(finish_process_group)
     return launch
+
+
+_AT_EXIT: list = []  # finish_process_group once registered at exit
+
+
+def finish_process_group(on_error: bool = True) -> None:
+    """Destroy torch.distributed's process groups, if any, while the interpreter is whole (torch asks
+    every script to; registered at exit by :func:`init_process_group`). Without it a Gloo worker
+    thread may free a finished collective's tensors during the interpreter's finalization and abort
+    the rank after its work ("terminate called without an active exception", pytorch/pytorch#190489;
+    seen once in the suite). ``on_error=False``: not when an uncaught exception ends this rank (a
+    group whose collective waits for a peer would hold the exit). Models that died with the script's
+    functions go first (a DDP model freed after its group hangs: pytorch/pytorch#56297)."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not on_error and hasattr(sys, "last_value"):
+        return
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main(argv=None) -> None:

@@ -14,7 +14,6 @@ Usage (under horovodrun/mpirun/torchrun): ``python tests/support/run_port.py OUT
 - ``OUT_DIR/done-RANK`` says this rank's work is done (all that follows is its exit).
 """
 
-import gc
 import gzip
 import json
 import os
@@ -101,7 +100,9 @@ def main() -> None:
     handle.remove()
     group = seen.pop("group")
     seen.clear()
-    gc.collect()  # a DDP model in a reference cycle goes too, before the group
+    from bno_hvd.processes.torchenv import finish_process_group  # (nothing of bno-hvd before the script)
+
+    finish_process_group()  # models first (gc), then a group the script left (pytorch/pytorch#190489)
     del group
 
 

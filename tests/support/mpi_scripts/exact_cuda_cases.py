@@ -21,6 +21,7 @@ scale and the largest difference of its state from rank 0's; rank 0 writes them 
 ``OUT_DIR/MODE-MODEL[-plain]/updates.json`` beside ``model.pt``.
 """
 
+import atexit
 import json
 import os
 import sys
@@ -162,8 +163,10 @@ def main():
     torch.set_num_threads(1)
     if all(c.startswith("ddp:") for c in cases):
         from bno_hvd.processes.torchcomm import TorchComm
+        from bno_hvd.processes.torchenv import finish_process_group
 
         dist.init_process_group("gloo")  # several ranks on one GPU: Gloo (NCCL takes one rank per GPU)
+        atexit.register(finish_process_group)
         world, comm = None, TorchComm()
     else:
         from bno_hvd.processes.world import init_world

@@ -34,6 +34,7 @@ import bno_hvd as bno
 from bno_hvd.allocation import Strategy
 from bno_hvd.data.gpt import GPTMini
 from bno_hvd.data.tokens import IGNORE, collate_tokens, inputs_and_targets, load_text_datasets
+from bno_hvd.processes.torchenv import finish_process_group
 
 UPDATES, GLOBAL, TOKENS, SEED, MAX_LEN, VOCAB = 12, 16, 400, 5, 48, 512
 SPLITS = [[1, 7, 3, 5], [6, 1, 4, 5], [9, 2, 4, 1], [1, 1, 5, 9], [4, 1, 3, 8], [2, 5, 8, 1]]  # every 2 updates
@@ -117,6 +118,8 @@ def main():
             with open(os.path.join(out, case, "updates.json"), "w") as fh:
                 json.dump(rows, fh)
     open(os.path.join(out, f"done-{rank}"), "w").close()
+    if ddp:
+        finish_process_group()  # as a script should: else a rank may abort at exit (pytorch/pytorch#190489)
 
 
 if __name__ == "__main__":

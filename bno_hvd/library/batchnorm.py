@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -194,16 +195,18 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
     collectives = functools.cache(running_collectives)  # the job's, found at the first training forward
 
     def reduce(tensor, name, sizes):
+        start = time.perf_counter()
         out = [r for r, b in enumerate(sizes) if b == 0]
         if out and process_sets is None:
             if balancer.sit_out is None:
                 raise UsageError("exact_batchnorm: a rank has 0 samples; pass process_sets=world.sit_out_sets")
             balancer.sit_out.allreduce_(tensor)  # a drop-in's group of the ranks that compute
-            return
-        hvd = collectives()
-        where = process_sets.without(out) if out else hvd.global_process_set
-        wait_handles(hvd, [handle := hvd.allreduce_async_(tensor, op=hvd.Sum, name=name, process_set=where)])
-        hvd.synchronize(handle)
+        else:
+            hvd = collectives()
+            where = process_sets.without(out) if out else hvd.global_process_set
+            wait_handles(hvd, [handle := hvd.allreduce_async_(tensor, op=hvd.Sum, name=name, process_set=where)])
+            hvd.synchronize(handle)
+        balancer.timer.waited(time.perf_counter() - start)  # waiting for the slowest rank is not compute
 
     def context(rows: int) -> UpdateContext:
         step = balancer.current_step

@@ -109,6 +109,7 @@ class StepTimer:
         self.cycles: deque[tuple[int, float]] = deque(maxlen=window)  # (update, s from the last one's end)
         self._t0 = self._t_compute = self._cpu0 = self._cpu_compute = self._gap = 0.0
         self._idle = 0.0  # seconds of this update spent waiting on a device, not on the CPU (see idle)
+        self._waited = 0.0  # seconds of this compute phase spent waiting for the other ranks (see waited)
         self._last_end: float | None = None  # when the previous update ended
         self._mark: tuple[float, float] | None = None  # (wall, CPU) at the end of the last backward pass
         self._gc = gc_seconds()  # the collector's total when the previous update ended
@@ -118,7 +119,14 @@ class StepTimer:
         """The step begins: its batch is here."""
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
         self._gap = self._t0 - self._last_end if self._last_end is not None else 0.0
-        self._mark, self._idle = None, 0.0
+        self._mark, self._idle, self._waited = None, 0.0, 0.0
+
+    def waited(self, seconds: float) -> None:
+        """This rank just spent ``seconds`` inside its compute phase in a collective with the other
+        ranks (exact BatchNorm's allreduces in the forward and backward passes): the time goes to
+        the sync phase, not to compute, or every rank would measure the slowest rank's compute
+        (each waits for it at the layer) and the fits would see equal ranks."""
+        self._waited += max(0.0, float(seconds))
 
     def idle(self, seconds: float) -> None:
         """This rank just waited ``seconds`` for its device, not for a CPU (a GPU's queue, an
@@ -141,7 +149,8 @@ class StepTimer:
             self.mark_backward_end()
         self._t_compute, self._cpu_compute = self._mark
         self._mark = None
-        compute = self._t_compute - self._t0
+        self._waited = min(self._waited, self._t_compute - self._t0)  # the waits move to the sync phase
+        compute = self._t_compute - self._t0 - self._waited
         if batch > 0:  # an update the rank sat out (no samples) tells nothing of its speed
             self.steps.add(batch, compute + self._gap)
         return compute
@@ -153,8 +162,8 @@ class StepTimer:
         stats = StepStats(
             update,
             batch_sizes,
-            compute_seconds=self._t_compute - self._t0,
-            sync_seconds=now - self._t_compute,
+            compute_seconds=self._t_compute - self._t0 - self._waited,
+            sync_seconds=now - self._t_compute + self._waited,
             cpu_seconds=cpu - self._cpu0,
             cpu_sync_seconds=cpu - self._cpu_compute,
             gap_seconds=self._gap,

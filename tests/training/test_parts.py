@@ -35,6 +35,30 @@ def test_the_step_clock_splits_an_update_into_gap_compute_and_sync():
     assert timer.syncs[-1] == (5, stats.sync_seconds) and timer.sync_cpu() is not None
 
 
+def test_a_wait_for_the_other_ranks_inside_compute_is_sync_not_compute():
+    """Exact BatchNorm waits for every rank at each layer: that wait moves from the compute phase (what
+    the fits see) to the sync phase, or each rank would measure the slowest rank's compute."""
+    timer = StepTimer(window=4, schedstat=False)
+    outer = time.perf_counter()
+    timer.start()
+    inner = time.perf_counter()
+    time.sleep(0.02)  # forward up to the layer
+    t = time.perf_counter()
+    time.sleep(0.05)  # the layer's allreduce: waiting for a slower rank
+    waited = time.perf_counter() - t
+    timer.waited(waited)
+    time.sleep(0.02)  # the rest of forward and backward
+    before = time.perf_counter()
+    compute = timer.end_compute(batch=8)
+    after = time.perf_counter()
+    stats = timer.end(update=0, batch_sizes=[8, 8])
+    assert before - inner - waited <= compute <= after - outer - waited  # the wall time less the wait
+    assert stats.compute_seconds == compute and stats.sync_seconds >= waited
+    ((batch, local),) = timer.steps.samples()
+    assert local == pytest.approx(compute + stats.gap_seconds)
+    assert timer.cycles[-1][1] >= before - inner  # the update's whole time is kept
+
+
 def test_a_cpu_limit_counts_once_it_binds_and_until_it_changes():
     limit = [0.5]
     binding = BindingLimit(read_limit=lambda: limit[0])

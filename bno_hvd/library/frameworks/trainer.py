@@ -78,6 +78,7 @@ class BalancedTrainer(transformers.Trainer):
         super().__init__(*args, **kwargs)
         self.balance = {"lengths": lengths, "cost": cost, "strategy": strategy, "rebalance_every": rebalance_every}
         self.balancer: Balancer | None = None
+        self.summed = False  # the loss is this process's share of the global mean (get_batch_samples)
         self.args.average_tokens_across_devices = False  # the weighting hook weights by tokens (module docstring)
 
     def get_train_dataloader(self):
@@ -87,6 +88,27 @@ class BalancedTrainer(transformers.Trainer):
             self.balancer = self._balancer()
         options = {"num_workers": self.args.dataloader_num_workers, "pin_memory": self.args.dataloader_pin_memory}
         return DataLoader(self.train_dataset, sampler=self.balancer, collate_fn=self.data_collator, **options)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The Trainer's next batch, its predictions checked against the balancer's lengths. A model
+        that takes ``num_items_in_batch`` gets the global batch's predictions: its loss is this
+        process's share of the global mean (every process's backward at one process's scale, as
+        float32 parts such as Llama's RMSNorm need), summed by the hook at weight 1."""
+        batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
+        step = self.balancer.current_step if self.balancer is not None else None
+        if not batches or step is None or "labels" not in batches[0]:
+            return batches, count
+        check_predictions(self, batches[0]["labels"], int(step.lengths.sum()))
+        self.summed = count is not None
+        if not self.summed:
+            return batches, count  # the model's own mean over this process's predictions, weighted by the hook
+        step.weight = 1.0
+        return batches, torch.tensor(step.global_tokens, device=device)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The Trainer's step; the loss it logs is the global batch's mean (the processes' mean of N x their share)."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        return loss * self.args.world_size if self.summed else loss
 
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
         model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
@@ -109,6 +131,29 @@ class BalancedTrainer(transformers.Trainer):
         strategy = options.pop("strategy")
         batch = self.args.per_device_train_batch_size
         return Balancer.for_world(dataset, batch, strategy, seed=self.args.seed, lengths=lengths, **options)
+
+
+def check_predictions(trainer, labels, lengths: int) -> None:
+    """This process's batch predicts as many tokens as its lengths say (transformers counts every
+    label that is not -100 for a model whose ``loss_type`` it does not know, e.g. ``GPT2LMHeadModel``:
+    one more per sequence than its shifted loss predicts, so its count is not used)."""
+    predicted = int((labels[..., 1:] if shifts_labels(trainer.model) else labels).ne(-100).sum())
+    if predicted != lengths:
+        raise UsageError(
+            f"this batch's labels have {predicted} predictions but its lengths say {lengths}: BalancedTrainer "
+            "weights by lengths=, one per sequence: its labels that are not -100 after the shift",
+            rank=trainer.args.process_index,
+        )
+
+
+def shifts_labels(model) -> bool:
+    """Whether the model's loss predicts label i+1 at position i (transformers' causal-LM loss,
+    also where ``loss_type`` is unknown and ``loss_function`` falls back to it)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    model = getattr(model, "module", model)
+    config = getattr(model, "config", None)
+    return getattr(model, "loss_function", None) is ForCausalLMLoss and not getattr(config, "is_encoder_decoder", False)
 
 
 def refuse_unsupported(trainer) -> None:

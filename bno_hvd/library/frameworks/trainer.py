@@ -12,17 +12,19 @@ One line changes in a Trainer script (``examples/hf_trainer_text.py`` has the wh
   global batch is N x ``per_device_train_batch_size`` sequences, split by their cost (tokens by
   default), rebalanced every ``rebalance_every`` updates;
 - the model Accelerate wraps in torch's DDP gets the DDP drop-in's weighting hook
-  (:func:`bno_hvd.library.ddp.balance_ddp`): each rank's gradient is weighted by its share of the
-  global batch's tokens;
-- the loss stays the mean over the rank's own tokens: ``average_tokens_across_devices`` is turned
-  off (transformers would otherwise all-gather the token count and multiply the loss by the
-  world size, the same correction made a second time).
+  (:func:`bno_hvd.library.ddp.balance_ddp`): it sums the ranks' gradients (a model that does not
+  take ``num_items_in_batch``: each weighted by its share of the global batch's tokens);
+- the loss is each rank's share of the global mean: ``num_items_in_batch`` is the global batch's
+  count of predictions (the balancer's lengths, checked against each batch's labels; transformers'
+  own count is one too many per sequence for a GPT-2, whose ``loss_type`` it does not know), the
+  hook sums at weight 1, and every rank's backward runs at one process's scale (as float32 parts
+  such as Llama's RMSNorm need); ``average_tokens_across_devices`` is turned off.
 
-The aim: N ranks compute the update of one process on the same global batch, the mean loss over
-every predicted token of it. NOT MET yet (docs/hf-trainer.md): tests/library/test_hf_trainer.py
-shows a difference whose cause is not found. Refused in one line: gradient accumulation, DeepSpeed, FSDP, a model with
-active dropout (its masks over padded sequences depend on the rank's padding), and a training set
-without its sequences' lengths.
+N ranks compute the update of one process on the same global batch, the mean loss over every
+predicted token of it (tests/library/test_hf_trainer.py: 1.2e-12 with GPT-2, 1.7e-12 with Llama,
+float64). Refused in one line: gradient accumulation, DeepSpeed, FSDP, a model with active dropout
+(its masks over padded sequences depend on the rank's padding), a training set without its
+sequences' lengths, and lengths that do not count a batch's predictions.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
     raise UsageError(f"bno.hf needs Hugging Face transformers: pip install 'bno-hvd[hf]' ({err})") from None
 
 import torch
+import torch.distributed as dist
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
@@ -79,7 +82,7 @@ class BalancedTrainer(transformers.Trainer):
         self.balance = {"lengths": lengths, "cost": cost, "strategy": strategy, "rebalance_every": rebalance_every}
         self.balancer: Balancer | None = None
         self.summed = False  # the loss is this process's share of the global mean (get_batch_samples)
-        self.args.average_tokens_across_devices = False  # the weighting hook weights by tokens (module docstring)
+        self.args.average_tokens_across_devices = False  # the count is the balancer's (module docstring)
 
     def get_train_dataloader(self):
         """The balancer's loader over ``train_dataset`` (built at the first call), with the
@@ -136,14 +139,25 @@ class BalancedTrainer(transformers.Trainer):
 def check_predictions(trainer, labels, lengths: int) -> None:
     """This process's batch predicts as many tokens as its lengths say (transformers counts every
     label that is not -100 for a model whose ``loss_type`` it does not know, e.g. ``GPT2LMHeadModel``:
-    one more per sequence than its shifted loss predicts, so its count is not used)."""
+    one more per sequence than its shifted loss predicts, so its count is not used). At the first
+    update, when every process computes, the processes compare their counts, so all refuse alike."""
     predicted = int((labels[..., 1:] if shifts_labels(trainer.model) else labels).ne(-100).sum())
-    if predicted != lengths:
-        raise UsageError(
-            f"this batch's labels have {predicted} predictions but its lengths say {lengths}: BalancedTrainer "
-            "weights by lengths=, one per sequence: its labels that are not -100 after the shift",
-            rank=trainer.args.process_index,
-        )
+    rank, world = trainer.args.process_index, trainer.args.world_size
+    if trainer.state.global_step == 0 and world > 1 and dist.is_initialized():
+        every = [torch.zeros(2, dtype=torch.int64, device=labels.device) for _ in range(world)]
+        dist.all_gather(every, torch.tensor([predicted, lengths], device=labels.device))
+        wrong = [(r, int(c[0]), int(c[1])) for r, c in enumerate(every) if c[0] != c[1]]
+        if wrong:
+            raise UsageError(miscount(*wrong[0]))
+    elif predicted != lengths:
+        raise UsageError(miscount(rank, predicted, lengths), rank=rank)
+
+
+def miscount(rank: int, predicted: int, lengths: int) -> str:
+    return (
+        f"process {rank}'s batch has {predicted} labels to predict but its lengths say {lengths}: BalancedTrainer "
+        "weights by lengths=, one per sequence: its labels that are not -100 after the shift"
+    )
 
 
 def shifts_labels(model) -> bool:

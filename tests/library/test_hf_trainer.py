@@ -173,7 +173,7 @@ REFUSALS = "tests/support/mpi_scripts/trainer_refusals.py"
         ("accumulate", "gradient_accumulation_steps=2: BalancedTrainer does not accumulate gradients"),
         ("dropout", "the model has active dropout (config.attention_dropout, 1 in all)"),
         ("no-lengths", "BalancedTrainer needs each training sequence's predictions"),
-        ("miscount", "labels to predict but its lengths say"),
+        ("miscount", "the first 8 sequences: 21 labels to predict, but the lengths say 29"),
     ],
 )
 def test_what_the_trainer_cannot_do_exactly_is_refused_in_one_line(case, words):

@@ -37,7 +37,6 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
     raise UsageError(f"bno.hf needs Hugging Face transformers: pip install 'bno-hvd[hf]' ({err})") from None
 
 import torch
-import torch.distributed as dist
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
@@ -131,6 +130,7 @@ class BalancedTrainer(transformers.Trainer):
                 "BalancedTrainer needs each training sequence's predictions: BalancedTrainer(..., lengths=[...]) "
                 "(its labels that are not -100, after the shift), or a train_dataset with .lengths"
             )
+        check_first_sequences(self, dataset, lengths)
         strategy = options.pop("strategy")
         batch = self.args.per_device_train_batch_size
         return Balancer.for_world(dataset, batch, strategy, seed=self.args.seed, lengths=lengths, **options)
@@ -139,24 +139,28 @@ class BalancedTrainer(transformers.Trainer):
 def check_predictions(trainer, labels, lengths: int) -> None:
     """This process's batch predicts as many tokens as its lengths say (transformers counts every
     label that is not -100 for a model whose ``loss_type`` it does not know, e.g. ``GPT2LMHeadModel``:
-    one more per sequence than its shifted loss predicts, so its count is not used). At the first
-    update, when every process computes, the processes compare their counts, so all refuse alike."""
+    one more per sequence than its shifted loss predicts, so its count is not used)."""
     predicted = int((labels[..., 1:] if shifts_labels(trainer.model) else labels).ne(-100).sum())
-    rank, world = trainer.args.process_index, trainer.args.world_size
-    if trainer.state.global_step == 0 and world > 1 and dist.is_initialized():
-        every = [torch.zeros(2, dtype=torch.int64, device=labels.device) for _ in range(world)]
-        dist.all_gather(every, torch.tensor([predicted, lengths], device=labels.device))
-        wrong = [(r, int(c[0]), int(c[1])) for r, c in enumerate(every) if c[0] != c[1]]
-        if wrong:
-            raise UsageError(miscount(*wrong[0]))
-    elif predicted != lengths:
-        raise UsageError(miscount(rank, predicted, lengths), rank=rank)
+    if predicted != lengths:
+        rank = trainer.args.process_index
+        raise UsageError(miscount(f"process {rank}'s batch", predicted, lengths), rank=rank)
 
 
-def miscount(rank: int, predicted: int, lengths: int) -> str:
+def check_first_sequences(trainer, dataset, lengths, count: int = 8) -> None:
+    """The first ``count`` training sequences, collated, predict as many tokens as their lengths
+    say: every process checks the same ones before training, so all refuse alike."""
+    first = range(min(count, len(dataset)))
+    labels = trainer.data_collator([dataset[i] for i in first]).get("labels")
+    if labels is not None:
+        predicted = int((labels[..., 1:] if shifts_labels(trainer.model) else labels).ne(-100).sum())
+        if predicted != sum(int(lengths[i]) for i in first):
+            raise UsageError(miscount(f"the first {len(first)} sequences", predicted, sum(lengths[i] for i in first)))
+
+
+def miscount(what: str, predicted: int, lengths: int) -> str:
     return (
-        f"process {rank}'s batch has {predicted} labels to predict but its lengths say {lengths}: BalancedTrainer "
-        "weights by lengths=, one per sequence: its labels that are not -100 after the shift"
+        f"{what}: {predicted} labels to predict, but the lengths say {lengths}: BalancedTrainer weights "
+        "by lengths=, one per sequence: its labels that are not -100 after the shift"
     )
 
 

@@ -44,13 +44,21 @@ def write_fashion_subset(root, source: str, train: int, test: int) -> str:
     return str(root)
 
 
-MODELS = ("Net", "GPT", "GPT2LMHeadModel")  # the examples' models (ddp_text.py: GPT; hf_trainer_text.py: GPT-2)
+MODELS = (
+    "Net",
+    "GPT",
+    "GPT2LMHeadModel",
+    "LlamaForCausalLM",
+)  # the examples' models (ddp_text.py: GPT; hf_trainer_text.py: GPT-2)
 
 
 def keep_float64_in_causal_lm_loss() -> None:
     """transformers' causal-LM loss casts the logits to float32 (``logits = logits.float()``, meant
     for float16 models), which would round a float64 run's loss to float32; here it keeps them as
-    they are, the loss otherwise transformers' own (its source with that one line changed)."""
+    they are, the loss otherwise transformers' own (its source with that one line changed). The
+    function object stays transformers' (its code is swapped): the Trainer tells a loss that shifts
+    the labels by ``LOSS_MAPPING[...] is ForCausalLMLoss`` and counts a sequence's predictions,
+    ``num_items_in_batch``, by it (a new function there made it count every label, one too many)."""
     import inspect
 
     from transformers.loss import loss_utils
@@ -63,7 +71,7 @@ def keep_float64_in_causal_lm_loss() -> None:
         vars(loss_utils),
         scope,
     )
-    loss_utils.LOSS_MAPPING["ForCausalLM"] = scope["ForCausalLMLoss"]
+    loss_utils.ForCausalLMLoss.__code__ = scope["ForCausalLMLoss"].__code__
 
 
 def main() -> None:

@@ -6,7 +6,10 @@ Usage (under torchrun): ``python tests/support/run_without.py MECHANISM OUT_DIR 
 - ``weighting``: ``bno.accelerate.Accelerator`` is Accelerate's own (the balancer's loader passes
   through its ``prepare`` untouched, the model gets torch's DDP, which averages the ranks' gradients);
 - ``exact``: ``bno.exact`` returns the model as it is (each rank's dropout draws its own masks,
-  BatchNorm normalises by each rank's batch).
+  BatchNorm normalises by each rank's batch);
+- ``trainer-count``: ``bno.hf.BalancedTrainer`` takes transformers' own ``num_items_in_batch``
+  (every label that is not -100 for a GPT-2: one more per sequence than its loss predicts) and
+  its loss is each process's mean, weighted by the hook.
 """
 
 import os
@@ -25,6 +28,13 @@ def take_out(mechanism: str) -> None:
 
     if mechanism == "weighting":
         adapter.Accelerator = accelerate.Accelerator
+    elif mechanism == "trainer-count":
+        import transformers
+
+        from bno_hvd.library.frameworks.trainer import BalancedTrainer
+
+        BalancedTrainer.get_batch_samples = transformers.Trainer.get_batch_samples
+        BalancedTrainer.training_step = transformers.Trainer.training_step
     elif mechanism == "exact":
         bno_hvd.exact = lambda model, balancer, **_: model  # module attributes win over bno_hvd.__getattr__
     else:

@@ -5,7 +5,8 @@ script as it would a user's (one ``bno-hvd: error:`` line, exit code 2 on every 
 
 - ``accumulate``: ``TrainingArguments(gradient_accumulation_steps=2)``;
 - ``dropout``: a Llama whose config sets ``attention_dropout=0.1``;
-- ``no-lengths``: a training set without its sequences' lengths (and no ``lengths=``).
+- ``no-lengths``: a training set without its sequences' lengths (and no ``lengths=``);
+- ``miscount``: lengths that count a sequence's tokens, not its predictions (one more each).
 """
 
 import sys
@@ -18,10 +19,10 @@ import bno_hvd as bno
 
 
 class Sequences(torch.utils.data.Dataset):
-    def __init__(self, with_lengths: bool):
+    def __init__(self, with_lengths: bool, predictions: int = 1):
         self.items = [torch.arange(1, 3 + i % 5) for i in range(32)]
         if with_lengths:
-            self.lengths = [len(s) - 1 for s in self.items]
+            self.lengths = [len(s) - predictions for s in self.items]
 
     def __len__(self):
         return len(self.items)
@@ -54,7 +55,7 @@ def main(case: str) -> None:
         gradient_accumulation_steps=2 if case == "accumulate" else 1,
         save_strategy="no",
     )
-    data = Sequences(with_lengths=case != "no-lengths")
+    data = Sequences(with_lengths=case != "no-lengths", predictions=0 if case == "miscount" else 1)
     trainer = bno.hf.BalancedTrainer(
         model=LlamaForCausalLM(config), args=args, train_dataset=data, data_collator=collate
     )

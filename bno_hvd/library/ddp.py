@@ -87,7 +87,7 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
     _check_world(balancer, module, ddp_options.get("process_group"))
     sit_out = balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, module, ddp_options)
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
-    return _weigh(ddp, balancer, sit_out)
+    return _weigh(ddp, balancer, sit_out, ddp_options)
 
 
 def balance_ddp(ddp, balancer, ddp_options: dict):
@@ -99,7 +99,7 @@ def balance_ddp(ddp, balancer, ddp_options: dict):
     sit_out = (
         balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, ddp.module, ddp_options)
     )
-    return _weigh(ddp, balancer, sit_out)
+    return _weigh(ddp, balancer, sit_out, ddp_options)
 
 
 def _check_world(balancer, module, group) -> None:
@@ -120,7 +120,9 @@ def _check_world(balancer, module, group) -> None:
         )
 
 
-def _weigh(ddp, balancer, sit_out: bool):
+def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
+    if "broadcast_buffers" not in ddp_options and not _loose_buffers(ddp.module):
+        ddp.broadcast_buffers = False  # exact BatchNorm's buffers are equal on every rank: no sync point per forward
     state = WeightedAllreduce(lambda: _weight(balancer), ddp.process_group)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
     _KEPT_GROUPS.append(ddp.process_group)
@@ -137,10 +139,7 @@ def _may_sit_out(balancer, module, ddp_options: dict) -> bool:
     only a model whose buffers are exact BatchNorm's (equal on every rank that computes) or none
     sits out; and DDP rebuilds its gradient buckets over every rank at its second update, so no
     rank may sit out before this process's third."""
-    from bno_hvd.library.batchnorm import GlobalBatchNorm
-
-    own = (m for m in module.modules() if not isinstance(m, GlobalBatchNorm))
-    loose = [name for m in own for name, _ in m.named_buffers(recurse=False)]
+    loose = _loose_buffers(module)
     synced = [k for k in ("broadcast_buffers", "forward_sync_buffers") if ddp_options.get(k)]
     zeros = any(0 in sizes for _, sizes in balancer.plan.changes)  # decided for this process's first updates
     if zeros and (loose or synced):
@@ -157,6 +156,14 @@ def _may_sit_out(balancer, module, ddp_options: dict) -> bool:
     return not loose and not synced
 
 
+def _loose_buffers(module) -> list[str]:
+    """The model's buffers other than exact BatchNorm's (which are equal on every rank that computes)."""
+    from bno_hvd.library.batchnorm import GlobalBatchNorm
+
+    own = (m for m in module.modules() if not isinstance(m, GlobalBatchNorm))
+    return [name for m in own for name, _ in m.named_buffers(recurse=False)]
+
+
 def _sit_out_beside_ddp(balancer, ddp, state) -> None:
     """Ranks that sit an update out leave it to the others: the hook all-reduces over a group of
     the ranks that compute (bno_hvd/library/sitout.py). What travels to a rank back: the model, and
@@ -171,7 +178,6 @@ def _sit_out_beside_ddp(balancer, ddp, state) -> None:
     state.current = lambda: sit_out.group
     if all(m is not ddp.module for m in balancer.models):
         balancer.models.append(ddp.module)
-    ddp.broadcast_buffers = False  # only exact BatchNorm's (equal on every rank that computes), or none
     mine = {id(p) for p in ddp.module.parameters()}
 
     def seen(optimizer, args, kwargs):

@@ -38,7 +38,14 @@ def wait_for_allreduce(hvd, optimizer, extra=()) -> None:
 
 
 def wait_handles(hvd, handles) -> None:
-    """Poll Horovod ``handles`` until all are done, sleeping in between (0.1 ms, doubling to 2 ms)."""
+    """Poll Horovod ``handles`` until all are done, sleeping in between (0.1 ms, doubling to 2 ms):
+    Horovod's own wait spins. torch.distributed's work waits without spinning (a condition
+    variable, the GIL released): :class:`~bno_hvd.processes.torchworld.TorchCollectives` waits so,
+    with no poll's latency after the end."""
+    if hasattr(hvd, "wait_quietly"):
+        for handle in handles:
+            hvd.wait_quietly(handle)
+        return
     sleep_until([lambda h=handle: hvd.poll(h) for handle in handles])
 
 

@@ -73,6 +73,10 @@ class TorchCollectives:
     def poll(self, handle: int) -> bool:
         return self._work[handle][0].is_completed()
 
+    def wait_quietly(self, handle: int) -> None:
+        """Until ``handle``'s allreduce is done, without spinning (see ``collectives.wait_handles``)."""
+        self._work[handle][0].wait()
+
     def synchronize(self, handle: int):
         work, tensor = self._work.pop(handle)
         work.wait()

@@ -27,7 +27,7 @@ import time
 
 from bno_hvd.common.errors import TrainingError
 
-FORMING_FACTOR = 3  # a generation forms within 3 x --elastic-timeout (its members leave the last one by 1 x)
+FORMING_FACTOR = 3  # every member arrives within 3 x --elastic-timeout (they leave the last generation by 1 x)
 STORE_ENV, ID_ENV = "BNO_ELASTIC_STORE", "BNO_ELASTIC_ID"  # set by the agent for its workers
 
 
@@ -79,24 +79,45 @@ class Membership:
                 )
             time.sleep(0.01)
 
+    def gather(self, gen: int, ids: list[int], timeout: float) -> bool:
+        """Wait until every member of ``gen`` has arrived: True (form it), or False (a newer
+        generation was published first: skip this one). One decision for all members: the first
+        to see every arrival writes ``go``, the first to see a newer generation ``skip`` (an atomic
+        compare-and-set), so a member never forms a generation that another member skipped."""
+        store = self.store
+        store.set(f"form{gen}/here/{self.id}", "1")
+        keys = [f"form{gen}/here/{w}" for w in ids]
+        deadline = time.monotonic() + timeout
+        while True:
+            if store.check([f"form{gen}/fate"]):
+                return store.get(f"form{gen}/fate") == b"go"
+            if store.check(keys):
+                return store.compare_set(f"form{gen}/fate", "", "go") == b"go"
+            if self.latest() > gen or time.monotonic() > deadline:
+                return store.compare_set(f"form{gen}/fate", "", "skip") == b"go"
+            time.sleep(0.005)
+
     def world(self, gen: int, ids: list[int], *, timeout: float, backend: str = "gloo"):
         """Collective over generation ``gen``'s workers: its torch.distributed world, this worker
-        at rank ``ids.index(self.id)``; the control plane on a Gloo group of its own."""
+        at rank ``ids.index(self.id)``; the control plane on a Gloo group of its own. None when a
+        newer generation came before every member arrived (a member died meanwhile: no group waits
+        for it)."""
         import torch.distributed as dist
 
         from bno_hvd.processes.torchcomm import TorchComm
         from bno_hvd.processes.torchworld import TorchCollectives
         from bno_hvd.processes.world import World
 
+        # arriving waits longer than a collective: a member may still be timing out of the last generation
+        if not self.gather(gen, ids, FORMING_FACTOR * timeout):
+            return None
         rank, size = ids.index(self.id), len(ids)
         store = dist.PrefixStore(f"gen{gen}", self.store)
-        # forming waits longer than a collective: a member may still be timing out of the last generation
-        forming = datetime.timedelta(seconds=FORMING_FACTOR * timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=forming)
+        limit = datetime.timedelta(seconds=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=limit)
         self.generation = gen
         control = TorchComm()
-        for group in (dist.group.WORLD, control.group):
-            group.set_timeout(datetime.timedelta(seconds=timeout))
+        control.group.set_timeout(limit)
         note = f"--elastic: generation {gen}, workers {ids}; gradients summed by torch.distributed over {backend}"
         # no sit-out sets: a rank never sits out, the split changes instead
         return World(

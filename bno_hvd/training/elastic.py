@@ -129,6 +129,7 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
 
     signal.signal(signal.SIGTERM, lambda signum, frame: membership.ask_to_leave())
     held, gen, member = None, -1, False
+    _warm_up(cfg)
     membership.ready()
     while True:  # the first generation waits for every worker to start (imports, under load)
         gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if member else FIRST_WAIT_S)
@@ -143,6 +144,8 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
             world = membership.world(gen, ids, timeout=cfg.elastic_timeout)
         except RuntimeError:  # a member died while the generation formed: the agent publishes the next
             leave_world()
+            continue
+        if world is None:  # a newer generation came before every member arrived: skip to it
             continue
         training, boundary = None, Boundary(membership, world.control_comm)
         try:
@@ -161,6 +164,18 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
             _close(training)
             leave_world()
             gen = _next_after(membership, gen, err, cfg.elastic_timeout)
+
+
+def _warm_up(cfg) -> None:
+    """Pay a process's first build (imports, the data set read from disk: about 2 s alone, several
+    under load) before it says it is ready, so a joiner does not keep a generation's first
+    collective waiting past --elastic-timeout. Best effort: the real build reports any error."""
+    from bno_hvd.training.components import prepare
+
+    try:
+        prepare(cfg, 1, 2)
+    except Exception:  # noqa: BLE001 - a warm-up only
+        pass
 
 
 def _keep(training, held):

@@ -5,7 +5,8 @@ authority on membership: it starts the workers, sees at once when one ends (its 
 publishes *generations*: ``gen`` holds the newest number, ``gen/<n>`` the sorted worker ids of
 generation ``n``. A worker's rank in a generation is its id's place in that list (the oldest
 surviving worker is rank 0). Workers write ``ready/<id>`` once started and ``leave/<id>`` when
-asked to leave (SIGTERM); the agent answers both with a new generation.
+asked to leave (SIGTERM); the agent answers both with a new generation. Rank 0 writes ``done``
+when the training has finished: a worker still waiting for a generation then ends with 0.
 
 Each generation is a torch.distributed job of its own: a Gloo default group whose store keys are
 prefixed by the generation, so a worker that dies during a re-formation leaves the others a
@@ -36,6 +37,11 @@ def parse_address(address: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+class JobDone(Exception):
+    """Rank 0 of the last generation finished the training (``done``): a worker still waiting to
+    join has nothing to do and ends with 0."""
+
+
 class Membership:
     """A worker's view of the elastic job (its store connection and its own id)."""
 
@@ -60,6 +66,14 @@ class Membership:
         self.leaving = True
         self.store.set(f"leave/{self.id}", "1")
 
+    def finish(self) -> None:
+        """Rank 0, after the last update: workers still waiting for a generation end (:class:`JobDone`)."""
+        self.store.set("done", "1")
+
+    def _done(self) -> None:
+        if self.store.check(["done"]):
+            raise JobDone()
+
     def latest(self) -> int:
         return int(self.store.get("gen")) if self.store.check(["gen"]) else -1
 
@@ -70,6 +84,7 @@ class Membership:
         """The newest generation after ``gen`` and its members, waiting at most ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
+            self._done()
             latest = self.latest()
             if latest > gen:
                 return latest, self.members(latest)
@@ -89,6 +104,7 @@ class Membership:
         keys = [f"form{gen}/here/{w}" for w in ids]
         deadline = time.monotonic() + timeout
         while True:
+            self._done()
             if store.check([f"form{gen}/fate"]):
                 return store.get(f"form{gen}/fate") == b"go"
             if store.check(keys):

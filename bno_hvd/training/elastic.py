@@ -25,7 +25,7 @@ import sys
 
 from bno_hvd.allocation.sampler import Position
 from bno_hvd.common.errors import TrainingError, UsageError
-from bno_hvd.processes.membership import Membership, leave_world
+from bno_hvd.processes.membership import JobDone, Membership, leave_world
 from bno_hvd.training.hooks import Hook
 
 FIRST_WAIT_S = 600.0  # the agent publishes generation 0 once all its workers have started
@@ -124,13 +124,21 @@ def position_after(entries: list[dict], dataset_len: int) -> Position:
 
 def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
     """Train per ``cfg`` as worker ``membership.id`` of an elastic job, generation after generation;
-    the run's result, or None for a worker that left (SIGTERM) before the end."""
-    from bno_hvd.training.loop import Training
-
+    the run's result, or None for a worker that left (SIGTERM) before the end or whose join came
+    after the training's last update."""
     signal.signal(signal.SIGTERM, lambda signum, frame: membership.ask_to_leave())
-    held, gen, member = None, -1, False
     _warm_up(cfg)
     membership.ready()
+    try:
+        return _generations(cfg, membership, out, plugin)
+    except JobDone:  # the others finished training while this worker waited to join: nothing to do
+        return None
+
+
+def _generations(cfg, membership: Membership, out, plugin):
+    from bno_hvd.training.loop import Training
+
+    held, gen, member = None, -1, False
     while True:  # the first generation waits for every worker to start (imports, under load)
         gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if member else FIRST_WAIT_S)
         if membership.id not in ids:
@@ -155,6 +163,8 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
             training.advance()
             result = training.finish()
             training = None
+            if world.rank == 0:
+                membership.finish()  # a joiner still waiting ends (with 0)
             return result
         except Exception as err:  # noqa: BLE001 - a peer that died fails a collective in many ways
             if isinstance(err, (TrainingError, UsageError)):

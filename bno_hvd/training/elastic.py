@@ -172,8 +172,10 @@ def _generations(cfg, membership: Membership, out, plugin):
             boundary.salvage()
             held = _keep(training, held)
             _close(training)
-            leave_world()
-            gen = _next_after(membership, gen, err, cfg.elastic_timeout)
+            failure = err
+        training = boundary = world = None
+        _release(failure)
+        gen = _next_after(membership, gen, failure, cfg.elastic_timeout)
 
 
 def _warm_up(cfg) -> None:
@@ -193,6 +195,20 @@ def _keep(training, held):
         return held
     run = training.run
     return Held(run.model, run.optimizer, run.ledger.entries)
+
+
+def _release(failure: BaseException) -> None:
+    """Close this generation's Gloo connections now, not when Python gets round to it: a peer still
+    waiting on this rank in a collective then fails at once ("connection closed") instead of at
+    --elastic-timeout. The failure's frames hold the groups (the collective that failed): dropped."""
+    import gc
+
+    seen = [failure]
+    while seen[-1] is not None and len(seen) < 10:
+        seen[-1].__traceback__ = None
+        seen.append(seen[-1].__cause__ or seen[-1].__context__)
+    leave_world()
+    gc.collect()
 
 
 def _close(training) -> None:

@@ -9,9 +9,11 @@ asked to leave (SIGTERM); the agent answers both with a new generation. Rank 0 w
 when the training has finished: a worker still waiting for a generation then ends with 0.
 
 Each generation is a torch.distributed job of its own: a Gloo default group whose store keys are
-prefixed by the generation, so a worker that dies during a re-formation leaves the others a
-bounded wait (the group's timeout) and then the next generation. Survivors are never restarted:
-the group is destroyed and made again in the same process.
+prefixed by the generation. Its members first write their arrival (``form<n>/here/<id>``) and
+wait for each other; a newer generation published before all arrived (a member died meanwhile)
+makes them skip this one, decided once for all by a compare-and-set of ``form<n>/fate``, so no
+group waits for a dead member. Survivors are never restarted: the group is destroyed and made
+again in the same process.
 
 Usage (a worker; the CLI reads the address and id from the agent's environment)::
 

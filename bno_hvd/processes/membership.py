@@ -5,12 +5,15 @@ authority on membership: it starts the workers, sees at once when one ends (its 
 publishes *generations*: ``gen`` holds the newest number, ``gen/<n>`` the sorted worker ids of
 generation ``n``. A worker's rank in a generation is its id's place in that list (the oldest
 surviving worker is rank 0). Workers write ``ready/<id>`` once started and ``leave/<id>`` when
-asked to leave (SIGTERM); the agent answers both with a new generation.
+asked to leave (SIGTERM); the agent answers both with a new generation. Rank 0 writes ``done``
+when the training has finished: a worker still waiting for a generation then ends with 0.
 
 Each generation is a torch.distributed job of its own: a Gloo default group whose store keys are
-prefixed by the generation, so a worker that dies during a re-formation leaves the others a
-bounded wait (the group's timeout) and then the next generation. Survivors are never restarted:
-the group is destroyed and made again in the same process.
+prefixed by the generation. Its members first write their arrival (``form<n>/here/<id>``) and
+wait for each other; a newer generation published before all arrived (a member died meanwhile)
+makes them skip this one, decided once for all by a compare-and-set of ``form<n>/fate``, so no
+group waits for a dead member. Survivors are never restarted: the group is destroyed and made
+again in the same process.
 
 Usage (a worker; the CLI reads the address and id from the agent's environment)::
 
@@ -27,13 +30,18 @@ import time
 
 from bno_hvd.common.errors import TrainingError
 
-FORMING_FACTOR = 3  # a generation forms within 3 x --elastic-timeout (its members leave the last one by 1 x)
+FORMING_FACTOR = 3  # every member arrives within 3 x --elastic-timeout (they leave the last generation by 1 x)
 STORE_ENV, ID_ENV = "BNO_ELASTIC_STORE", "BNO_ELASTIC_ID"  # set by the agent for its workers
 
 
 def parse_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host or "127.0.0.1", int(port)
+
+
+class JobDone(Exception):
+    """Rank 0 of the last generation finished the training (``done``): a worker still waiting to
+    join has nothing to do and ends with 0."""
 
 
 class Membership:
@@ -60,6 +68,14 @@ class Membership:
         self.leaving = True
         self.store.set(f"leave/{self.id}", "1")
 
+    def finish(self) -> None:
+        """Rank 0, after the last update: workers still waiting for a generation end (:class:`JobDone`)."""
+        self.store.set("done", "1")
+
+    def _done(self) -> None:
+        if self.store.check(["done"]):
+            raise JobDone()
+
     def latest(self) -> int:
         return int(self.store.get("gen")) if self.store.check(["gen"]) else -1
 
@@ -70,6 +86,7 @@ class Membership:
         """The newest generation after ``gen`` and its members, waiting at most ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
+            self._done()
             latest = self.latest()
             if latest > gen:
                 return latest, self.members(latest)
@@ -79,24 +96,46 @@ class Membership:
                 )
             time.sleep(0.01)
 
+    def gather(self, gen: int, ids: list[int], timeout: float) -> bool:
+        """Wait until every member of ``gen`` has arrived: True (form it), or False (a newer
+        generation was published first: skip this one). One decision for all members: the first
+        to see every arrival writes ``go``, the first to see a newer generation ``skip`` (an atomic
+        compare-and-set), so a member never forms a generation that another member skipped."""
+        store = self.store
+        store.set(f"form{gen}/here/{self.id}", "1")
+        keys = [f"form{gen}/here/{w}" for w in ids]
+        deadline = time.monotonic() + timeout
+        while True:
+            self._done()
+            if store.check([f"form{gen}/fate"]):
+                return store.get(f"form{gen}/fate") == b"go"
+            if store.check(keys):
+                return store.compare_set(f"form{gen}/fate", "", "go") == b"go"
+            if self.latest() > gen or time.monotonic() > deadline:
+                return store.compare_set(f"form{gen}/fate", "", "skip") == b"go"
+            time.sleep(0.005)
+
     def world(self, gen: int, ids: list[int], *, timeout: float, backend: str = "gloo"):
         """Collective over generation ``gen``'s workers: its torch.distributed world, this worker
-        at rank ``ids.index(self.id)``; the control plane on a Gloo group of its own."""
+        at rank ``ids.index(self.id)``; the control plane on a Gloo group of its own. None when a
+        newer generation came before every member arrived (a member died meanwhile: no group waits
+        for it)."""
         import torch.distributed as dist
 
         from bno_hvd.processes.torchcomm import TorchComm
         from bno_hvd.processes.torchworld import TorchCollectives
         from bno_hvd.processes.world import World
 
+        # arriving waits longer than a collective: a member may still be timing out of the last generation
+        if not self.gather(gen, ids, FORMING_FACTOR * timeout):
+            return None
         rank, size = ids.index(self.id), len(ids)
         store = dist.PrefixStore(f"gen{gen}", self.store)
-        # forming waits longer than a collective: a member may still be timing out of the last generation
-        forming = datetime.timedelta(seconds=FORMING_FACTOR * timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=forming)
+        limit = datetime.timedelta(seconds=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=limit)
         self.generation = gen
         control = TorchComm()
-        for group in (dist.group.WORLD, control.group):
-            group.set_timeout(datetime.timedelta(seconds=timeout))
+        control.group.set_timeout(limit)
         note = f"--elastic: generation {gen}, workers {ids}; gradients summed by torch.distributed over {backend}"
         # no sit-out sets: a rank never sits out, the split changes instead
         return World(

@@ -25,7 +25,7 @@ import sys
 
 from bno_hvd.allocation.sampler import Position
 from bno_hvd.common.errors import TrainingError, UsageError
-from bno_hvd.processes.membership import Membership, leave_world
+from bno_hvd.processes.membership import JobDone, Membership, leave_world
 from bno_hvd.training.hooks import Hook
 
 FIRST_WAIT_S = 600.0  # the agent publishes generation 0 once all its workers have started
@@ -124,12 +124,21 @@ def position_after(entries: list[dict], dataset_len: int) -> Position:
 
 def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
     """Train per ``cfg`` as worker ``membership.id`` of an elastic job, generation after generation;
-    the run's result, or None for a worker that left (SIGTERM) before the end."""
+    the run's result, or None for a worker that left (SIGTERM) before the end or whose join came
+    after the training's last update."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: membership.ask_to_leave())
+    _warm_up(cfg)
+    membership.ready()
+    try:
+        return _generations(cfg, membership, out, plugin)
+    except JobDone:  # the others finished training while this worker waited to join: nothing to do
+        return None
+
+
+def _generations(cfg, membership: Membership, out, plugin):
     from bno_hvd.training.loop import Training
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: membership.ask_to_leave())
     held, gen, member = None, -1, False
-    membership.ready()
     while True:  # the first generation waits for every worker to start (imports, under load)
         gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if member else FIRST_WAIT_S)
         if membership.id not in ids:
@@ -144,6 +153,8 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
         except RuntimeError:  # a member died while the generation formed: the agent publishes the next
             leave_world()
             continue
+        if world is None:  # a newer generation came before every member arrived: skip to it
+            continue
         training, boundary = None, Boundary(membership, world.control_comm)
         try:
             training = Training(
@@ -152,6 +163,8 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
             training.advance()
             result = training.finish()
             training = None
+            if world.rank == 0:
+                membership.finish()  # a joiner still waiting ends (with 0)
             return result
         except Exception as err:  # noqa: BLE001 - a peer that died fails a collective in many ways
             if isinstance(err, (TrainingError, UsageError)):
@@ -159,8 +172,22 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
             boundary.salvage()
             held = _keep(training, held)
             _close(training)
-            leave_world()
-            gen = _next_after(membership, gen, err, cfg.elastic_timeout)
+            failure = err
+        training = boundary = world = None
+        _release(failure)
+        gen = _next_after(membership, gen, failure, cfg.elastic_timeout)
+
+
+def _warm_up(cfg) -> None:
+    """Pay a process's first build (imports, the data set read from disk: about 2 s alone, several
+    under load) before it says it is ready, so a joiner does not keep a generation's first
+    collective waiting past --elastic-timeout. Best effort: the real build reports any error."""
+    from bno_hvd.training.components import prepare
+
+    try:
+        prepare(cfg, 1, 2)
+    except Exception:  # noqa: BLE001 - a warm-up only
+        pass
 
 
 def _keep(training, held):
@@ -168,6 +195,20 @@ def _keep(training, held):
         return held
     run = training.run
     return Held(run.model, run.optimizer, run.ledger.entries)
+
+
+def _release(failure: BaseException) -> None:
+    """Close this generation's Gloo connections now, not when Python gets round to it: a peer still
+    waiting on this rank in a collective then fails at once ("connection closed") instead of at
+    --elastic-timeout. The failure's frames hold the groups (the collective that failed): dropped."""
+    import gc
+
+    seen = [failure]
+    while seen[-1] is not None and len(seen) < 10:
+        seen[-1].__traceback__ = None
+        seen.append(seen[-1].__cause__ or seen[-1].__context__)
+    leave_world()
+    gc.collect()
 
 
 def _close(training) -> None:

@@ -1,14 +1,15 @@
 """The fault matrix of ``--elastic``: 20 seeded schedules of kills (SIGKILL, one rank, two at once,
 rank 0, during a re-formation), leaves (SIGTERM) and joins (a rank that rejoins after a kill),
-each on a real 4-worker job bounded in time. Every schedule: exit 0, the ledger check passes,
-final parameters == one process on the same global batches (float64, <= 1e-10)."""
+each on a real 4-worker job bounded in time. Every schedule, all 20 run: exit 0, the ledger check
+passes (no sample lost or repeated), final parameters == one process on the same global batches
+(float64, <= 1e-10). Recoveries (kill -> next committed update) are printed (``pytest -s``), not
+asserted: a speed figure (docs/elastic.md)."""
 
 import pytest
 from support.elastic_jobs import ElasticJob, random_schedule
 from test_elastic import UPDATES, check_job, one_process, recoveries  # noqa: F401 - the fixture
 
 SEEDS = range(20)
-GREEN = {0, 5, 15}  # the schedules run to a pass so far (2026-11-29); the others are issue 61's open work
 
 
 def test_the_schedules_cover_every_kind_of_fault():
@@ -22,9 +23,7 @@ def test_the_schedules_cover_every_kind_of_fault():
 
 @pytest.mark.mpi
 @pytest.mark.alone  # a collective's timeout tells a death: no other test's load beside it
-@pytest.mark.parametrize(
-    "seed", [s if s in GREEN else pytest.param(s, marks=pytest.mark.skip(reason="not run yet")) for s in SEEDS]
-)
+@pytest.mark.parametrize("seed", SEEDS)
 def test_fault_schedule(seed, tmp_path, fashion_dir, one_process):  # noqa: F811 - the fixture
     schedule = random_schedule(seed, UPDATES)
     job = ElasticJob(tmp_path, fashion_dir, updates=UPDATES)

@@ -11,8 +11,8 @@
 - the LightningModule's dropout and BatchNorm are made exact (:func:`bno_hvd.exact`) and the
   module is wrapped by :func:`bno_hvd.DistributedDataParallel` (the weighting communication hook),
   so each update is one process's on the whole global batch;
-- each rank's batch size is logged through the Trainer's logger (``bno/batch_size/rank<r>``) at the
-  first update and at every update whose split differs from the one before;
+- each rank's batch size is logged through the Trainer's logger (``bno/batch_size/rank<r>``): ``log()``
+  at the first update and where the split changes, Lightning keeps the last value in every row;
 - the Balancer's state (the position in the sample stream, the decided splits) is the training
   loader's state, which Lightning saves in every checkpoint and restores with ``ckpt_path=``.
 

@@ -303,8 +303,11 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
         "hook.close()\n"
         "print(used / took, seen and seen[0], waiting, computing, cpu / wall, after)\n"
     )
-    proc, before = run_python(script)
-    compute_use, seen, waiting, computing, whole, after = proc.stdout.split()[-6:]
+    for _ in range(3):  # a busy machine (the suite's other group beside it) may hold the rank under half of
+        proc, before = run_python(script)  # its limit while it computes: then the limit cannot bind; again
+        compute_use, seen, waiting, computing, whole, after = proc.stdout.split()[-6:]
+        if float(compute_use) >= 0.25:  # it got at least half of its 0.5 while computing
+            break
     assert waiting == "None" and float(whole) < 0.25  # computing, under half of its limit over the update
     # (if not: the CPU per wall second of its compute phases and the limit read, to tell which failed)
     assert computing != "None" and float(computing) == pytest.approx(0.5), (compute_use, seen)

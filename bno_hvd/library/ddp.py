@@ -18,10 +18,13 @@ bno-hvd's own training loop (``--engine torch``) does not use DDP: it sums the g
 each rank's compute phase, as with Horovod (:class:`bno_hvd.processes.torchworld.SummedGradients`).
 """
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
 from bno_hvd.common.errors import UsageError
+from bno_hvd.processes.torchenv import finish_at_exit
 
 __all__ = ["DistributedDataParallel", "WeightedAllreduce", "balance_ddp", "weighted_allreduce_hook"]
 
@@ -30,8 +33,14 @@ __all__ = ["DistributedDataParallel", "WeightedAllreduce", "balance_ddp", "weigh
 # the last reference to the Gloo group, and torch frees the group from there with the GIL held: its
 # destructor joins the group's worker thread, which may still be freeing the last allreduce's work
 # and waits for the GIL, so the rank never exits (pytorch/pytorch#56297; docs/ddp.md). Kept here,
-# the group is freed from Python, which releases the GIL first.
-_KEPT_GROUPS: list = []
+# the group is freed from Python, which releases the GIL first: at exit, once the model is gone
+# (bno_hvd.processes.torchenv.finish_process_group), not in the interpreter's finalization.
+_KEPT_GROUPS: list = []  # (a weak reference to the DDP model, its group)
+
+
+def release_kept_groups() -> None:
+    """Drop the kept groups whose DDP model is gone (freed here, from Python)."""
+    _KEPT_GROUPS[:] = [(model, group) for model, group in _KEPT_GROUPS if model() is not None]
 
 
 class WeightedAllreduce:
@@ -125,7 +134,8 @@ def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
         ddp.broadcast_buffers = False  # exact BatchNorm's buffers are equal on every rank: no sync point per forward
     state = WeightedAllreduce(lambda: _weight(balancer), ddp.process_group)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
-    _KEPT_GROUPS.append(ddp.process_group)
+    _KEPT_GROUPS.append((weakref.ref(ddp), ddp.process_group))
+    finish_at_exit()  # the kept group freed at exit, not in the interpreter's finalization
     balancer.gradients_weighted = True  # exact BatchNorm's backward works in the hook's frame (library/batchnorm.py)
     _StepEnds(balancer, ddp)
     if sit_out:

@@ -112,10 +112,15 @@ def init_process_group(backend: str, environ=os.environ) -> str:
         env_from_mpi(MPI.COMM_WORLD, environ)
         launch = "mpi"
     dist.init_process_group(backend)
-    if finish_process_group not in _AT_EXIT:
+    finish_at_exit()
+    return launch
+
+
+def finish_at_exit() -> None:
+    """Register :func:`finish_process_group` at exit, once (``on_error=False``)."""
+    if not _AT_EXIT:
         atexit.register(finish_process_group, on_error=False)
         _AT_EXIT.append(finish_process_group)
-    return launch
 
 
 _AT_EXIT: list = []  # finish_process_group once registered at exit
@@ -128,7 +133,9 @@ def finish_process_group(on_error: bool = True) -> None:
     the rank after its work ("terminate called without an active exception", pytorch/pytorch#190489;
     seen once in the suite). ``on_error=False``: not when an uncaught exception ends this rank (a
     group whose collective waits for a peer would hold the exit). Models that died with the script's
-    functions go first (a DDP model freed after its group hangs: pytorch/pytorch#56297)."""
+    functions go first (a DDP model freed after its group hangs: pytorch/pytorch#56297), and last
+    the groups the DDP drop-in kept for models that are gone (else freed in the finalization, where
+    a worker thread that frees a tensor aborts the rank the same way)."""
     import gc
 
     import torch.distributed as dist
@@ -138,6 +145,9 @@ def finish_process_group(on_error: bool = True) -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    ddp = sys.modules.get("bno_hvd.library.ddp")
+    if ddp is not None:
+        ddp.release_kept_groups()
 
 
 def main(argv=None) -> None:

@@ -291,8 +291,7 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
         "    return bal.report().cpu_limit\n"
         "def spin():\n"
         "    end = time.process_time() + 0.01\n"
-        "    while time.process_time() < end:\n"
-        "        pass\n"
+        "    while time.process_time() < end: pass\n"
         "waiting = steps(lambda: time.sleep(0.01))\n"
         "computing = steps(spin, 0.06)\n"
         "cpu, wall = (sum(x) for x in zip(*bal.timer.cpu_use))\n"
@@ -303,14 +302,13 @@ def test_a_limit_counts_only_where_it_binds(tmp_path):
         "hook.close()\n"
         "print(used / took, seen and seen[0], waiting, computing, cpu / wall, after)\n"
     )
-    for _ in range(3):  # a busy machine (the suite's other group beside it) may hold the rank under half of
-        proc, before = run_python(script)  # its limit while it computes: then the limit cannot bind; again
+    for _ in range(3):  # again while a busy machine held it under half of its limit computing (it cannot bind)
+        proc, before = run_python(script)
         compute_use, seen, waiting, computing, whole, after = proc.stdout.split()[-6:]
         if float(compute_use) >= 0.25:  # it got at least half of its 0.5 while computing
             break
     assert waiting == "None" and float(whole) < 0.25  # computing, under half of its limit over the update
-    # (if not: the CPU per wall second of its compute phases and the limit read, to tell which failed)
-    assert computing != "None" and float(computing) == pytest.approx(0.5), (compute_use, seen)
+    assert computing != "None" and float(computing) == pytest.approx(0.5), (compute_use, seen)  # (which failed)
     # once it has bound, the same limit still counts while the rank waits (a starved rank given
     # a few samples waits for the others): only a changed limit is judged again
     assert float(after) == pytest.approx(0.5)

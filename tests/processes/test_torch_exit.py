@@ -41,3 +41,40 @@ def test_the_group_is_destroyed_at_exit_unless_the_script_raised(tmp_path, end):
         assert proc.returncode != 0
         assert "initialized at exit True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
         assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+
+
+DDP_SCRIPT = """
+import atexit, sys
+import torch, torch.distributed as dist
+import bno_hvd as bno
+from bno_hvd.library import ddp
+
+atexit.register(lambda: print(f"groups kept at exit {len(ddp._KEPT_GROUPS)}", flush=True))  # runs after bno-hvd's
+dist.init_process_group("gloo")  # torch's own: the drop-in registers the exit's clean-up itself
+data = torch.utils.data.TensorDataset(torch.randn(48, 3), torch.randn(48, 1))
+
+def train():
+    sampler = bno.Balancer.for_world(data, 4, "random")
+    model = bno.DistributedDataParallel(torch.nn.Linear(3, 1), balancer=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in bno.DataLoader(data, sampler=sampler):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return model
+
+kept = train() if sys.argv[1] == "keep" else train() and None
+"""
+
+
+@pytest.mark.parametrize("model", ["gone", "keep"])
+def test_the_ddp_drop_in_releases_its_group_at_exit_once_the_model_is_gone(tmp_path, model):
+    """The DDP drop-in keeps each model's group (a group freed from a DDP model's Reducer hangs the
+    exit, pytorch/pytorch#56297); at exit, before the interpreter's finalization (where a Gloo worker
+    thread freeing a tensor aborts the rank), it drops the groups of the models that are gone."""
+    script = tmp_path / "ddp_script.py"
+    script.write_text(DDP_SCRIPT)
+    proc = torchrun(2, [str(script), model], timeout=120)
+    assert_ok(proc)
+    left = 1 if model == "keep" else 0  # a model the script still holds keeps its group
+    assert proc.stdout.count(f"groups kept at exit {left}") == 2, proc.stdout + proc.stderr[-2000:]

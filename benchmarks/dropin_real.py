@@ -1,5 +1,5 @@
-"""Your own script against what you run today: the Horovod, DDP, Lightning and Accelerate ports
-against their plain twins, under REAL CPU limits set outside bno-hvd.
+"""Your own script against what you run today: the Horovod, DDP, Lightning, Accelerate and Hugging
+Face Trainer ports against their plain twins, under REAL CPU limits set outside bno-hvd.
 
 For each profile (a cgroup per rank with a CFS quota, made before the job and unknown to it, as a
 container's or Slurm's: :mod:`bno_hvd.lab.confine`) and each kind of script, every round runs, in
@@ -7,6 +7,8 @@ a new random order, the plain twin of the example (``examples/horovod_mnist.py``
 ``examples/ddp_mnist.py``, ``examples/lightning_mnist.py`` and ``examples/accelerate_mnist.py`` under
 torchrun; the twin is the example with its ``# bno-hvd:`` lines put back) and the example itself
 with each ``--strategy``;
+``--scripts trainer`` runs ``examples/hf_trainer_text.py`` (a small GPT-2 on the built-in text
+corpus, 8 sequences per rank, ``--max-steps`` = warm-up + updates; its rate counts sequences);
 ``--scripts train`` runs ``bno-hvd train`` on the Horovod example's model (same data, 32 samples
 per rank) against that example's twin. Each run trains one epoch of a Fashion-MNIST subset
 (``--warmup`` + ``--updates`` updates of 4 x 32 samples) at the scripts' own settings; rank 0's
@@ -40,7 +42,16 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "support")]
 from bno_hvd.cli.launching import mpirun_command  # noqa: E402
 from bno_hvd.lab.pairing import round_orders  # noqa: E402
 from bno_hvd.lab.profiles import BY_NAME, Confinement  # noqa: E402
-from bno_hvd.lab.userscripts import SCRIPTS, TABLE_HEAD, TWIN_OF, format_rows, stamps_rate, summarize, variants  # noqa: E402,E501
+from bno_hvd.lab.userscripts import (  # noqa: E402
+    PER_RANK,
+    SCRIPTS,
+    TABLE_HEAD,
+    TWIN_OF,
+    format_rows,
+    stamps_rate,
+    summarize,
+    variants,
+)
 from bno_hvd.processes.mpienv import mpi_env  # noqa: E402
 
 RANKS, BATCH = 4, 32
@@ -82,7 +93,7 @@ def main() -> int:
                     variant = next(v for v in runs if f"{v.kind}/{v.name}" == label)
                     where = os.path.join(out, profile.name, f"round{r}", label.replace("/", "-").replace(":", "-"))
                     steps = run(variant, where, twins, data, confined, args.warmup + args.updates)
-                    rate = stamps_rate(steps, RANKS * BATCH, args.warmup)
+                    rate = stamps_rate(steps, RANKS * PER_RANK.get(variant.kind, BATCH), args.warmup)
                     rates[(variant.kind, variant.name)].append(rate)
                     print(f"{profile.name} round {r}: {label} {rate:.1f} samples/s ({len(steps)} updates)", flush=True)
         results["profiles"][profile.name] = {"label": profile.label(), "scripts": {}}
@@ -123,6 +134,8 @@ def script_args(variant, data: str, updates: int, where: str) -> list[str]:
     if variant.kind == "train" and variant.script != "twin":
         return ["train", "--model", "examples.horovod_mnist:Net", "--data-dir", data, "--base-batch-size", str(BATCH),
                 "--updates", str(updates), "--no-eval", "--no-progress", *variant.args]  # fmt: skip
+    if variant.kind == "trainer":  # text: the built-in corpus, its own batch per rank, as many updates
+        return ["--max-steps", str(updates), "--log-steps", "1000000", "--output-dir", where, *variant.args]
     args = ["--epochs", "1", "--batch-size", str(BATCH), "--data-dir", data]
     if variant.kind == "lightning":  # its logger and checkpoints in the run's folder; its own ranks count
         return [*args, "--devices", str(RANKS), "--log-dir", where, *variant.args]

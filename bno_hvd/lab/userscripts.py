@@ -32,9 +32,11 @@ SCRIPTS = {  # a kind of script -> the example its port is (or bno-hvd's command
     "train": ("bno_hvd/__main__.py", "mpirun"),  # bno-hvd train on the Horovod example's Net, against its plain twin
     "lightning": ("examples/lightning_mnist.py", "torchrun"),  # Lightning runs under torchrun as its DDP docs show
     "accelerate": ("examples/accelerate_mnist.py", "torchrun"),
+    "trainer": ("examples/hf_trainer_text.py", "torchrun"),  # the HF Trainer on text: --max-steps, 8 sequences
 }
 TWIN_OF = {"train": "horovod"}  # a kind whose plain script is another kind's twin
-FLAGS = {"accelerate": ("--cpu",)}  # what a kind's scripts (plain and port) take besides the common flags
+FLAGS = {"accelerate": ("--cpu",), "trainer": ("--cpu",)}  # what a kind's scripts take besides the common flags
+PER_RANK = {"trainer": 8}  # samples (sequences) per rank and update where a kind's is not the benchmark's 32
 PLAIN = "plain"
 
 

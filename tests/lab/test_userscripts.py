@@ -11,7 +11,7 @@ import sys
 import pytest
 from support.jobs import ROOT
 
-from bno_hvd.lab.userscripts import PLAIN, TWIN_OF, format_rows, stamps_rate, summarize, variants
+from bno_hvd.lab.userscripts import PER_RANK, PLAIN, SCRIPTS, TWIN_OF, format_rows, stamps_rate, summarize, variants
 
 
 def test_the_rate_counts_the_updates_after_the_warm_up():
@@ -31,6 +31,11 @@ def test_each_kind_runs_its_plain_twin_and_its_port_per_strategy():
     train = variants("train", ["balanced"])
     assert (train[1].name, train[1].script, train[1].launcher) == ("train:balanced", "bno_hvd/__main__.py", "mpirun")
     assert TWIN_OF["train"] == "horovod"  # bno-hvd train meets the plain Horovod script on its model
+    trainer = variants("trainer", ["balanced"])
+    assert [v.args for v in trainer] == [("--cpu",), ("--cpu", "--strategy", "balanced")]
+    # its runs keep the example's own --batch-size, which the rate counts as sequences per rank
+    source = open(os.path.join(ROOT, SCRIPTS["trainer"][0])).read()
+    assert f'"--batch-size", type=int, default={PER_RANK["trainer"]},' in source
 
 
 def test_the_table_pairs_each_round_with_the_plain_run():

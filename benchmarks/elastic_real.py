@@ -24,6 +24,7 @@ rotated by one each round; printed per round and as medians: each strategy's sam
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--job-timeout", type=float, default=300.0)
     parser.add_argument("--out", default=None, help="where the logs and elastic_real.json go [a temporary folder]")
     opts = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # the cgroups' cleanup runs
     schedule = Schedule(opts.updates, opts.warmup, opts.leave_at, opts.join_at)
     out = opts.out or tempfile.mkdtemp(prefix="elastic-real-")
     rows = []

@@ -33,20 +33,23 @@ from bno_hvd.common.parsing import BATCH
 
 
 class EqualStrategy(Strategy):
-    """Every rank gets the base batch size B, always."""
+    """Every rank gets the base batch size B, always. ``even``: every rank gets an equal share of
+    ``global_batch`` instead (sizes differ by at most one), whatever the number of ranks; what
+    ``--elastic`` uses, whose global batch stays while ranks leave and join."""
 
     name = "equal"
+    OPTIONS = {"even": False}
 
     def __init__(self, n_ranks, base_batch_size, *, global_batch=None, seed=0, **options):
         super().__init__(n_ranks, base_batch_size, global_batch=global_batch, seed=seed, **options)
-        if self.global_batch != self.n_ranks * self.base_batch_size:
+        if not self.options["even"] and self.global_batch != self.n_ranks * self.base_batch_size:
             raise UsageError(
                 f"'equal' gives every rank --base-batch-size {base_batch_size}, so the global batch "
                 f"is {self.n_ranks * self.base_batch_size}; drop --global-batch or use 'balanced'"
             )
 
     def initial(self) -> list[int]:
-        return [self.base_batch_size] * self.n_ranks
+        return super().initial() if self.options["even"] else [self.base_batch_size] * self.n_ranks
 
     def rebalance(self, metrics: ClusterMetrics, current: list[int], update: int) -> list[int]:
         self._begin(metrics, current)

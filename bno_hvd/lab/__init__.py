@@ -13,6 +13,8 @@ imports the lab: its behaviour enters a run through :mod:`.plugin`.
 - :mod:`.suites` - several runs in one job: ``bench``, ``experiment`` and ``time-to-accuracy``
 - :mod:`.ttastats` - ``time-to-accuracy``: the MLPerf mean (without fastest and slowest), its table
 - :mod:`.profiles`, :mod:`.confine`, :mod:`.suitetable` - ``bench --suite real``: profiles, confinement, tables
+- :mod:`.elasticreal` - the REAL elastic profile (``benchmarks/elastic_real.py``): a slow rank
+  leaves, a fast one joins, every worker in a cgroup set outside bno-hvd
 - :mod:`.shares` - whether ranks with one CPU limit get one share (a suite's ``balanced`` updates)
 - :mod:`.benchstats` - benchmark arithmetic (throughput, of ideal, recovery, breakdowns)
 - :mod:`.engines` - the torch engine beside the Horovod engine: paired suite runs, one table

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bno_hvd.allocation import make_strategy
+from bno_hvd.allocation import make_strategy, split_spec
 from bno_hvd.allocation.weighting import scaled_lr
 from bno_hvd.common.atomic import atomic_write
 from bno_hvd.common.errors import UsageError
@@ -70,6 +70,7 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
         global_batch=global_batch,
         seed=cfg.seed,
         batch_sizes=list(cfg.batch_sizes) if cfg.batch_sizes else None,
+        **elastic_options(cfg),
     )
     if rank == 0:  # only rank 0 writes; fail before training, not at the first checkpoint
         check_output_paths(cfg.log_dir, cfg.checkpoint_dir, cfg.save_model, cfg.tensorboard)
@@ -86,6 +87,11 @@ def prepare(cfg: TrainConfig, rank: int, size: int, local_rank: int = 0, plugin=
         else torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     )
     return Prepared(data, device, model, optimizer, strategy, built, cap, task, tuple(notes))
+
+
+def elastic_options(cfg: TrainConfig) -> dict:
+    """``--elastic`` keeps the global batch while the ranks change: ``equal`` splits it evenly."""
+    return {"even": True} if cfg.elastic and split_spec(cfg.strategy)[0] == "equal" else {}
 
 
 def make_plugin(cfg: TrainConfig, size: int, factory=None) -> Plugin:

@@ -10,7 +10,9 @@ from support.elastic_jobs import ElasticJob, committed, reference
 from support.jobs import run_cli
 from support.train_runs import saved_model
 
+from bno_hvd.allocation import make_strategy
 from bno_hvd.common.errors import UsageError
+from bno_hvd.training.components import elastic_options
 from bno_hvd.training.config import TrainConfig
 
 UPDATES = 300  # about 40 ms each on 4 CPU ranks: long enough for a joiner to start
@@ -88,3 +90,13 @@ def test_horovod_engine_with_elastic_is_one_line():
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("bno-hvd: error: --elastic needs --engine torch"), lines
+
+
+def test_equal_under_elastic_splits_the_fixed_global_batch_evenly_over_any_ranks():
+    cfg = TrainConfig(elastic=True, engine="torch", global_batch=64, strategy="equal")
+    for ranks, split in ((3, [22, 21, 21]), (4, [16] * 4), (5, [13, 13, 13, 13, 12])):
+        strategy = make_strategy(cfg.strategy, ranks, cfg.base_batch_size, global_batch=64, **elastic_options(cfg))
+        assert strategy.initial() == split
+    assert elastic_options(TrainConfig(global_batch=64, strategy="equal")) == {}  # not elastic: refused as before
+    with pytest.raises(UsageError, match="^'equal' gives every rank --base-batch-size 32, so the global batch is 96"):
+        make_strategy("equal", 3, 32, global_batch=64)

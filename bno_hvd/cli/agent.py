@@ -30,8 +30,19 @@ def elastic(nproc, min_ranks, max_ranks, timeout, command):
     worker = [sys.executable, "-m", "bno_hvd", *command]
     if "--elastic" not in command:
         worker.append("--elastic")
+    check_flags(worker[4:])  # (after "train")
     agent = ElasticAgent(worker, nproc, min_ranks=min_ranks, max_ranks=max_ranks, timeout=timeout)
     sys.exit(agent.run())
+
+
+def check_flags(args: list[str]) -> None:
+    """The workers' ``train`` flags, checked here once (one line, exit 2) before any worker starts."""
+    from bno_hvd.cli.flags import config_from_flags
+    from bno_hvd.cli.train import train
+
+    params = dict(train.make_context("train", list(args)).params)
+    params.pop("dry_run"), params.pop("world_size")
+    config_from_flags(**params)
 
 
 COMMANDS = [elastic]

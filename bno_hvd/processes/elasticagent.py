@@ -8,7 +8,8 @@ is dropped at an update boundary; ``SIGUSR1`` to the agent starts one more worke
 the next update boundary once it has started. The agent sees a worker end at once (it is its
 child: no heartbeat to time out). It exits 0 when the workers of the last generation have all
 ended with 0 (the training finished), and 1, with one line, when fewer than ``min_ranks`` remain
-or ``timeout`` seconds pass.
+or ``timeout`` seconds pass. A worker that exits 2 found bad input (a :class:`UsageError`, which
+every worker finds alike and worker 0 alone prints): no death, the end of the job, with exit 2.
 
 Usage::
 
@@ -25,10 +26,12 @@ import subprocess
 import sys
 import time
 
+from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.membership import ID_ENV, STORE_ENV
 
 POLL_S = 0.01  # how often the agent looks at its workers
 SETTLE_S = 0.05  # deaths this close together go into one generation (two ranks killed at once)
+REFUSAL_S = 10.0  # how long the other workers may take to refuse bad input too before they are ended
 
 
 class ElasticAgent:
@@ -97,6 +100,9 @@ class ElasticAgent:
 
     def _tick(self) -> int | None:
         """One look at the workers; an exit code once the job is over."""
+        refused = [w for w, proc in self.workers.items() if proc.poll() == UsageError.exit_code]
+        if refused:
+            return self._refused(refused[0])
         while self.wanted and len(self.members) + len(self.joining) < self.max_ranks:
             self.wanted -= 1
             self.joining.append(self.spawn())
@@ -144,6 +150,19 @@ class ElasticAgent:
         except subprocess.TimeoutExpired:
             self.workers[wid].kill()
             return self.workers[wid].wait()
+
+    def _refused(self, wid: int) -> int:
+        """Worker ``wid`` refused its input: the others (who find the same) end too, then the job."""
+        end = time.monotonic() + REFUSAL_S
+        while time.monotonic() < end and any(p.poll() is None for p in self.workers.values()):
+            time.sleep(POLL_S)
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if self.workers[0].returncode != UsageError.exit_code:  # worker 0 did not say it: say which did
+            self.say(f"error: worker {wid} refused its input (exit 2); see its output")
+        return UsageError.exit_code
 
     def _finish(self) -> int:
         """A worker finished training: wait for the others of its generation, end any joiner."""

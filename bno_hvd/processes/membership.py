@@ -123,6 +123,7 @@ class Membership:
         import torch.distributed as dist
 
         from bno_hvd.processes.torchcomm import TorchComm
+        from bno_hvd.processes.torchenv import finish_at_exit
         from bno_hvd.processes.torchworld import TorchCollectives
         from bno_hvd.processes.world import World
 
@@ -133,6 +134,7 @@ class Membership:
         store = dist.PrefixStore(f"gen{gen}", self.store)
         limit = datetime.timedelta(seconds=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=limit)
+        finish_at_exit()  # a worker that exits with its groups (bad input) destroys them, not the finalization
         self.generation = gen
         control = TorchComm()
         control.group.set_timeout(limit)

@@ -32,7 +32,8 @@ COLLECTIVES = ("auto", "mpi", "gloo")
 
 def launched_rank(environ=os.environ) -> int:
     """This process's rank from the launcher's environment (mpirun's, srun's, torchrun's; else 0)."""
-    rank = env_count(environ, "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
+    launchers = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
+    rank = env_count(environ, *launchers, "BNO_ELASTIC_ID")  # (an elastic worker's id: bno-hvd elastic's)
     return rank or 0
 
 

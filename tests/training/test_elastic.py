@@ -100,3 +100,22 @@ def test_equal_under_elastic_splits_the_fixed_global_batch_evenly_over_any_ranks
     assert elastic_options(TrainConfig(global_batch=64, strategy="equal")) == {}  # not elastic: refused as before
     with pytest.raises(UsageError, match="^'equal' gives every rank --base-batch-size 32, so the global batch is 96"):
         make_strategy("equal", 3, 32, global_batch=64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["flag", "data"])
+def test_bad_input_ends_an_elastic_job_with_one_line_and_exit_2(tmp_path, bad):
+    """A flag train refuses is refused by the agent before any worker starts; bad data every worker
+    finds alike: worker 0 alone says it, and the agent ends the job with exit 2 at once (no new
+    generation, as for a death; the agent's line of the first is its log)."""
+    (tmp_path / "empty").mkdir()  # a data folder without Fashion-MNIST's files
+    flags = ["--updates", "0"] if bad == "flag" else ["--data-dir", str(tmp_path / "empty")]
+    proc = run_cli(
+        "elastic", "-n", "3", "--timeout", "100", "--",
+        "train", "--engine", "torch", "--elastic", "--global-batch", "16", "--no-progress", *flags,
+        "--log-dir", str(tmp_path / "log"),
+    )  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("bno-hvd elastic: generation 0:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]  # besides the agent's start
+    assert errors[0].startswith("bno-hvd: error: --updates" if bad == "flag" else "bno-hvd: error: fashion"), errors
+    assert ("generation 0:" in proc.stderr) == (bad == "data")  # the flag: before any worker started

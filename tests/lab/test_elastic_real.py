@@ -78,7 +78,7 @@ def test_a_job_that_fails_or_is_interrupted_leaves_no_cgroup(how, tmp_path, fash
     data = str(tmp_path / "no-such-data") if how == "failed" else fashion_dir
     job = Job("balanced", Schedule(), data, str(tmp_path / "log"), timeout=60 if how == "failed" else 12)
     events = {}
-    if how == "failed":  # the workers end before the job starts: the agent exits 1
+    if how == "failed":  # the workers refuse the data (exit 2) and the agent ends the job: non-zero
         row = run_job(job, events)
         assert row["rc"] != 0 and math.isnan(row["samples_per_s"]), row
     else:  # the job runs past its time: stopped, with its workers

@@ -39,19 +39,12 @@ import time
 import psutil
 
 from bno_hvd.cli.launching import mpi_env
+from bno_hvd.training.ledger import committed_entries
 
 
 def commits(log_dir: str) -> list[tuple[int, float]]:
     """``(update, commit wall clock)`` of each committed update in the ledger, in file order."""
-    path = os.path.join(log_dir, "ledger.jsonl")
-    out = []
-    for line in open(path).read().splitlines()[1:] if os.path.exists(path) else []:
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            break  # the line being written
-        out.append((entry["update"], entry["at"]))
-    return out
+    return [(entry["update"], entry["at"]) for entry in committed_entries(log_dir)]
 
 
 def wait_commits(log_dir: str, count: int, proc, limit: float = 600) -> None:

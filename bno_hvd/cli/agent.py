@@ -40,9 +40,8 @@ def check_flags(args: list[str]) -> None:
     from bno_hvd.cli.flags import config_from_flags
     from bno_hvd.cli.train import train
 
-    params = dict(train.make_context("train", list(args)).params)
-    params.pop("dry_run"), params.pop("world_size")
-    config_from_flags(**params)
+    params = train.make_context("train", list(args)).params
+    config_from_flags(**{k: v for k, v in params.items() if k not in ("dry_run", "world_size")})
 
 
 COMMANDS = [elastic]

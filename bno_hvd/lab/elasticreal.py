@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from bno_hvd.lab.profiles import Confinement, Profile
 from bno_hvd.processes.membership import ID_ENV
 from bno_hvd.processes.mpienv import mpi_env
-from bno_hvd.training.ledger import FILE
+from bno_hvd.training.ledger import FILE, committed_entries
 
 STRATEGIES = ("balanced", "equal", "proportional", "lbbsp", "paramhub")  # random is not a contender
 LIMITS = (0.45, 0.45, 0.45, 0.15)  # the first four workers; worker 3 is the slow one that leaves
@@ -76,19 +76,7 @@ def rotated(names, round_: int) -> list[str]:
 def read_entries(log_dir: str) -> list[dict]:
     """The ledger's committed entries so far (a line being written is left out), one per update
     (the last written, as a rewrite after a rank 0 change keeps), in update order."""
-    path = os.path.join(log_dir, FILE)
-    if not os.path.exists(path):
-        return []
-    import json
-
-    by_update = {}
-    with open(path, encoding="utf-8") as fh:
-        for line in fh.read().splitlines()[1:]:
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            by_update[entry["update"]] = entry
+    by_update = {entry["update"]: entry for entry in committed_entries(log_dir)}
     return [by_update[u] for u in sorted(by_update)]
 
 

@@ -31,7 +31,6 @@ from bno_hvd.processes.membership import ID_ENV, STORE_ENV
 
 POLL_S = 0.01  # how often the agent looks at its workers
 SETTLE_S = 0.05  # deaths this close together go into one generation (two ranks killed at once)
-REFUSAL_S = 10.0  # how long the other workers may take to refuse bad input too before they are ended
 
 
 class ElasticAgent:
@@ -91,18 +90,18 @@ class ElasticAgent:
 
     def _watch(self, deadline: float) -> int:
         while time.monotonic() < deadline:
-            code = self._tick()
+            code = self._tick(deadline)
             if code is not None:
                 return code
             time.sleep(POLL_S)
         self.say(f"error: the job did not end within --timeout {self.timeout:g} s")
         return 1
 
-    def _tick(self) -> int | None:
+    def _tick(self, deadline: float) -> int | None:
         """One look at the workers; an exit code once the job is over."""
         refused = [w for w, proc in self.workers.items() if proc.poll() == UsageError.exit_code]
         if refused:
-            return self._refused(refused[0])
+            return self._refused(refused[0], deadline)
         while self.wanted and len(self.members) + len(self.joining) < self.max_ranks:
             self.wanted -= 1
             self.joining.append(self.spawn())
@@ -151,10 +150,10 @@ class ElasticAgent:
             self.workers[wid].kill()
             return self.workers[wid].wait()
 
-    def _refused(self, wid: int) -> int:
-        """Worker ``wid`` refused its input: the others (who find the same) end too, then the job."""
-        end = time.monotonic() + REFUSAL_S
-        while time.monotonic() < end and any(p.poll() is None for p in self.workers.values()):
+    def _refused(self, wid: int, deadline: float) -> int:
+        """Worker ``wid`` refused its input: the others (who find the same, or time out of a
+        collective with it) end too, then the job; by ``deadline`` at the latest."""
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.workers.values()):
             time.sleep(POLL_S)
         for proc in self.workers.values():
             if proc.poll() is None:

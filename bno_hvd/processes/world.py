@@ -33,7 +33,7 @@ COLLECTIVES = ("auto", "mpi", "gloo")
 def launched_rank(environ=os.environ) -> int:
     """This process's rank from the launcher's environment (mpirun's, srun's, torchrun's; else 0)."""
     launchers = ("OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
-    rank = env_count(environ, *launchers, "BNO_ELASTIC_ID")  # (an elastic worker's id: bno-hvd elastic's)
+    rank = env_count(environ, *launchers, "BNO_ELASTIC_ID")  # an elastic worker's id (membership.ID_ENV)
     return rank or 0
 
 

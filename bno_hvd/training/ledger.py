@@ -103,6 +103,22 @@ class Ledger(Hook):
             self._fh = None
 
 
+def committed_entries(directory: str) -> list[dict]:
+    """The entries of a ledger that may still be written (a running job's), in file order: none
+    when there is no file yet, and not the last line while it is being written."""
+    path = os.path.join(directory, FILE)
+    if not os.path.exists(path):
+        return []
+    entries = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh.read().splitlines()[1:]:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # the line being written
+    return entries
+
+
 def read_ledger(directory: str) -> tuple[dict, list[dict]]:
     """The header and entries of ``<directory>/ledger.jsonl``; :class:`UsageError` when missing or damaged."""
     path = os.path.join(directory, FILE)

@@ -18,6 +18,8 @@ import psutil
 from support.jobs import bno_cmd, kill_tree, mpi_env
 from support.train_runs import train_args
 
+from bno_hvd.training.ledger import committed_entries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLOBAL = 16
 
@@ -31,18 +33,7 @@ def reference(tmp_path, data, updates):
     return tmp_path / "one.pt"
 
 
-def committed(log_dir) -> list[dict]:
-    path = os.path.join(log_dir, "ledger.jsonl")
-    if not os.path.exists(path):
-        return []
-    lines = open(path).read().splitlines()
-    out = []
-    for line in lines[1:]:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # the line being written
-    return out
+committed = committed_entries  # a running job's ledger entries so far
 
 
 class ElasticJob:

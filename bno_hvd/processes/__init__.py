@@ -9,6 +9,7 @@ Horovod (or torch.distributed), their settings, memory and waiting. May import :
 - :mod:`.torchcomm` - the control plane's communicator interface, and its torch.distributed (Gloo) one
 - :mod:`.membership` - who is in an elastic job: its generations and each one's torch.distributed world
 - :mod:`.elasticagent` - the elastic job's agent: starts and watches the workers, publishes memberships
+- :mod:`.elasticnode` - one machine's part of an elastic job: its workers, reported through the store
 - :mod:`.mpienv` - MPI settings in a rank (and ``launch/mpi-env``'s exports)
 - :mod:`.heap` - malloc thresholds: freed memory stays in each rank's heap
 - :mod:`.collector` - the setup kept out of Python's garbage collections

@@ -119,3 +119,19 @@ def test_bad_input_ends_an_elastic_job_with_one_line_and_exit_2(tmp_path, bad):
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]  # besides the agent's start
     assert errors[0].startswith("bno-hvd: error: --updates" if bad == "flag" else "bno-hvd: error: fashion"), errors
     assert ("generation 0:" in proc.stderr) == (bad == "data")  # the flag: before any worker started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "agent, message",
+    [
+        (["--nnodes", "2"], "several nodes need --store HOST:PORT"),
+        (["--node-rank", "1"], "several nodes need --store HOST:PORT"),
+        (["--nnodes", "2", "--store", "10.0.0.1"], "--store needs HOST:PORT, got '10.0.0.1'"),
+        (["--nnodes", "2", "--min-ranks", "5"], "need 1 <= --min-ranks <= --nproc x --nnodes <= --max-ranks, got 5, 4"),
+    ],
+)
+def test_the_agents_flags_for_several_nodes_are_checked_in_one_line(agent, message):
+    proc = run_cli("elastic", "-n", "2", *agent, "--", "train", "--engine", "torch", "--global-batch", "16")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"bno-hvd: error: {message}"), proc.stderr

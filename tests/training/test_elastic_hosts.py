@@ -1,0 +1,130 @@
+"""An elastic job across two hosts, and one host lost: network namespaces on a bridge
+(tests/support/netns.py), an agent of ``bno-hvd elastic`` in each, two workers each, Gloo over
+the hosts' own addresses (nothing else routes between them). The whole of host 1 dies at once
+(SIGKILL to every process in its namespace: its agent and its workers, as a machine that fails),
+and the job goes on with host 0's workers: exit 0, the ledger check passes, and the final
+parameters equal one process on the same global batches while the split changes at every update.
+Node 0's agent lost instead: the other agent ends its workers and exits 1 with one line."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from support.checks import max_relative_difference
+from support.elastic_jobs import GLOBAL, committed, reference
+from support.jobs import ROOT, kill_tree, mpi_env, run_cli
+from support.netns import NetnsCluster, NetnsError, run, unavailable_reason
+from support.train_runs import saved_model, train_args
+
+pytestmark = [pytest.mark.mpi, pytest.mark.root]
+
+UPDATES = 200
+PORT = 29400  # node 0's store, in host 0's own network namespace
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    net = NetnsCluster(f"bne{os.getpid() % 100000}", subnet="10.213.9", hosts=2)
+    try:
+        net.create()
+    except (NetnsError, subprocess.TimeoutExpired):
+        left = net.destroy()
+        assert not left, f"left behind: {left}"
+        raise
+    yield net
+    left = net.destroy()
+    assert not left, f"left behind: {left}"
+
+
+def start_agents(net, tmp_path, data):
+    """One agent per host, two workers each; Gloo on the host's own link (GLOO_SOCKET_IFNAME)."""
+    flags = ["--engine", "torch", "--data-dir", data, "--global-batch", str(GLOBAL), "--strategy", "random"]
+    flags += ["--rebalance-every", "1", "--elastic-timeout", "5"]
+    args = train_args(tmp_path / "elastic.pt", tmp_path / "log", *flags, updates=UPDATES)
+    store = f"{net.addresses[0]}:{PORT}"
+    agents = []
+    for node, ns in enumerate(net.namespaces):
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "bno_hvd", "elastic", "-n", "2", "--nnodes", "2"]
+        cmd += ["--node-rank", str(node), "--store", store, "--timeout", "200", "--", *args]
+        env = mpi_env({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": f"{net.host_links[node]}n"})
+        err = open(tmp_path / f"agent{node}.err", "w")
+        agents.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT))
+    return agents
+
+
+def kill_host(net, host: int) -> None:
+    """Every process in the host's namespace, at once: the machine fails."""
+    for pid in run("ip", "netns", "pids", net.namespaces[host], check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(predicate, limit: float) -> bool:
+    end = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def finish(agents, limit: float = 240) -> list[int]:
+    codes = []
+    for proc in agents:
+        try:
+            codes.append(proc.wait(timeout=limit))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            codes.append(None)
+    return codes
+
+
+@pytest.mark.alone  # a lost host is told by its silence: no other test's load beside it
+def test_a_job_loses_a_host_and_its_update_stays_exact(hosts, tmp_path, fashion_dir, tmp_path_factory):
+    one = saved_model(reference(tmp_path_factory.mktemp("hosts-one"), fashion_dir, UPDATES))
+    agents = start_agents(hosts, tmp_path, fashion_dir)
+    log = tmp_path / "log"
+    try:
+        assert wait_for(lambda: len(committed(log)) >= 40, 180), "the job did not get going"
+        kill_host(hosts, 1)
+        codes = finish(agents)
+    finally:
+        for proc in agents:
+            kill_tree(proc)
+    err = (tmp_path / "agent0.err").read_text()
+    assert codes[0] == 0, err[-3000:]
+    assert "ended (node 1 lost)" in err, err[-3000:]
+    check = run_cli("ledger", "check", str(log))
+    assert check.returncode == 0, f"{check.stderr}\n{err[-3000:]}"
+    assert check.stdout.startswith(f"ledger ok: {UPDATES} updates used {UPDATES * GLOBAL} samples"), check.stdout
+    assert "1 membership change(s)" in check.stdout, check.stdout
+    entries = committed(log)
+    assert len(entries[0]["members"]) == 4 and len(entries[-1]["members"]) == 2, (entries[0], entries[-1])
+    assert any(1 in e["sizes"] for e in entries), "no rank ever had a single sample"
+    diff = max_relative_difference(saved_model(tmp_path / "elastic.pt"), one)
+    assert diff <= 1e-10, f"max relative difference {diff:.3e}\n{err[-3000:]}"
+
+
+def test_the_other_hosts_agent_ends_when_node_0_is_lost(hosts, tmp_path, fashion_dir):
+    agents = start_agents(hosts, tmp_path, fashion_dir)
+    try:
+        assert wait_for(lambda: len(committed(tmp_path / "log")) >= 5, 180), "the job did not get going"
+        kill_host(hosts, 0)
+        codes = finish(agents[1:], limit=120)
+    finally:
+        for proc in agents:
+            kill_tree(proc)
+    err = (tmp_path / "agent1.err").read_text()
+    assert codes == [1], err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("bno-hvd elastic: error")]
+    assert lines and "node 1 lost the job's store" in lines[0], err[-3000:]
+    left = run("ip", "netns", "pids", hosts.namespaces[1], check=False).stdout.split()
+    assert not left, f"processes left on host 1: {left}"

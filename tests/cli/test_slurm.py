@@ -14,7 +14,8 @@ import re
 
 import pytest
 from support.jobs import ROOT
-from support.slurm_cluster import SlurmCluster, SlurmError, unavailable_reason
+from support.slurm_cluster import SlurmError
+from support.slurm_fixture import running_cluster
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
 
@@ -28,24 +29,9 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    slurm = SlurmCluster(
-        str(tmp_path_factory.mktemp("slurm")),
-        nodes={"node0": 4, "nodeA": 2, "nodeB": 2},
-        partitions={"debug": ["node0"], "gpu-new": ["nodeA"], "gpu-old": ["nodeB"]},
-    )
-    try:
-        try:
-            slurm.start()
-        except SlurmError as err:
-            left = slurm.stop(remove=False)
-            pytest.skip(f"Slurm did not start on this machine: {err}" + (f" (left behind: {left})" if left else ""))
-        yield slurm
-    finally:
-        left = slurm.stop()
-        assert not left, f"left behind: {left}"
+    nodes = {"node0": 4, "nodeA": 2, "nodeB": 2}
+    partitions = {"debug": ["node0"], "gpu-new": ["nodeA"], "gpu-old": ["nodeB"]}
+    yield from running_cluster(str(tmp_path_factory.mktemp("slurm")), nodes, partitions)
 
 
 def train_records(log_dir):

@@ -16,7 +16,7 @@ import pytest
 from support.checks import max_relative_difference
 from support.elastic_jobs import GLOBAL, committed, reference
 from support.jobs import ROOT, run_cli
-from support.slurm_cluster import SlurmCluster, SlurmError, unavailable_reason
+from support.slurm_fixture import running_cluster
 from support.train_runs import saved_model, train_args
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slurm]
@@ -28,20 +28,7 @@ NODES = {"n0": 2, "n1": 2, "n2": 2}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    slurm = SlurmCluster(str(tmp_path_factory.mktemp("slurm-elastic")), nodes=NODES, partitions={"all": list(NODES)})
-    try:
-        try:
-            slurm.start()
-        except SlurmError as err:
-            left = slurm.stop(remove=False)
-            pytest.skip(f"Slurm did not start on this machine: {err}" + (f" (left behind: {left})" if left else ""))
-        yield slurm
-    finally:
-        left = slurm.stop()
-        assert not left, f"left behind: {left}"
+    yield from running_cluster(str(tmp_path_factory.mktemp("slurm-elastic")), NODES, {"all": list(NODES)})
 
 
 def job_pids(node: str) -> list[int]:

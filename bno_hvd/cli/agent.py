@@ -1,4 +1,5 @@
-"""``bno-hvd elastic -n N -- train ...``: an elastic job (:mod:`bno_hvd.processes.elasticagent`)."""
+"""``bno-hvd elastic -n N -- train ...`` (or ``-- python script.py``, a script of ``bno.elastic``): an
+elastic job (:mod:`bno_hvd.processes.elasticagent`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from bno_hvd.common.errors import UsageError
 @click.option("--timeout", type=float, default=86400.0, show_default=True, help="Seconds the whole job may take.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def elastic(nproc, min_ranks, max_ranks, timeout, command):
-    """Run `bno-hvd train --engine torch --elastic ...` on NPROC local workers that may leave and join.
+    """Run `bno-hvd train --engine torch --elastic ...`, or a script of bno.elastic
+    (`-- python script.py ...`), on NPROC local workers that may leave and join.
 
     A worker that ends (SIGKILL) or is sent SIGTERM is dropped; SIGUSR1 to this process starts one
     more, which joins at the next update boundary. Survivors are not restarted (docs/elastic.md)."""
@@ -25,12 +27,12 @@ def elastic(nproc, min_ranks, max_ranks, timeout, command):
     max_ranks = nproc if max_ranks is None else max_ranks
     if not 1 <= min_ranks <= nproc <= max_ranks:
         raise UsageError(f"need 1 <= --min-ranks <= --nproc <= --max-ranks, got {min_ranks}, {nproc}, {max_ranks}")
-    if command[0] != "train":
-        raise UsageError(f"bno-hvd elastic runs train, e.g. bno-hvd elastic -n 4 -- train ...; got {command[0]!r}")
-    worker = [sys.executable, "-m", "bno_hvd", *command]
-    if "--elastic" not in command:
-        worker.append("--elastic")
-    check_flags(worker[4:])  # (after "train")
+    worker = list(command)  # a script's own command line (bno.elastic: docs/elastic.md)
+    if command[0] == "train":
+        worker = [sys.executable, "-m", "bno_hvd", *command]
+        if "--elastic" not in command:
+            worker.append("--elastic")
+        check_flags(worker[4:])  # (after "train")
     agent = ElasticAgent(worker, nproc, min_ranks=min_ranks, max_ranks=max_ranks, timeout=timeout)
     sys.exit(agent.run())
 

@@ -2,10 +2,11 @@
 
 The same DDP script with its training in a function of ``@bno.elastic.run`` (one call per
 generation of workers: the Balancer, the loaders and the DDP model are built for the ranks there
-are), the plain model and its optimizer kept in a ``bno.elastic.State`` across generations. Every
-line that differs from examples/ddp_mnist.py ends in "# bno-hvd:" ("was <its line there>" or
-"added"): 12 lines, besides the lines of main() moved into fit() unchanged
-(tests/library/test_ddp_elastic.py checks both). Launched by the agent, on CPUs (Gloo):
+are), the plain model and its optimizer kept in a ``bno.elastic.State`` across generations. As in
+examples/ddp_mnist.py, every line of the port ends in "# bno-hvd:" ("was <the plain DDP line>" or
+"added"): 19 lines, ddp_mnist.py's 8 (2 of them changed: the balance and the model lines) and 11
+for elastic membership; every other line is a line of ddp_mnist.py or of the plain script, some
+moved from main() into fit() (tests/training/test_ddp_elastic.py checks both). Launched by the agent, on CPUs (Gloo):
 
     bno-hvd elastic -n 4 --max-ranks 6 -- python examples/ddp_elastic.py --epochs 1 --log-dir runs/ddp-elastic
     kill -KILL $WORKER_PID; kill -TERM $WORKER_PID; kill -USR1 $AGENT_PID    # die, leave, one more joins

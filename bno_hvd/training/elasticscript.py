@@ -46,6 +46,7 @@ import torch
 
 from bno_hvd.common.errors import TrainingError, UsageError
 from bno_hvd.processes.membership import ID_ENV, STORE_ENV, JobDone, Membership, leave_world
+from bno_hvd.processes.world import one_line_errors
 from bno_hvd.training.elastic import FIRST_WAIT_S, MembershipChange, _next_after, _release, resume_stream
 from bno_hvd.training.ledger import Ledger
 
@@ -71,6 +72,7 @@ class State:
     def __init__(self, model, optimizer, *, log_dir: str | None = None, timeout: float = 30.0):
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        one_line_errors()
         if not isinstance(model, torch.nn.Module) or isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise UsageError("bno.elastic.State takes the plain model (each generation wraps it in DDP itself)")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -182,6 +184,7 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        one_line_errors()
         if not isinstance(state, State):
             raise UsageError(f"a function of @bno.elastic.run takes the bno.elastic.State first, got {state!r}")
         if STORE_ENV not in os.environ or ID_ENV not in os.environ:

@@ -1,6 +1,7 @@
 """``bno.elastic``: the DDP drop-in of a user's script (``examples/ddp_elastic.py``) under the
-elastic agent (``bno-hvd elastic -n N -- python script.py``), on Fashion-MNIST in float64: a worker
-killed (SIGKILL) mid-run, and one more joining (SIGUSR1 to the agent). Every job: exit 0, the
+elastic agent (``bno-hvd elastic -n N -- python script.py``), on Fashion-MNIST in float64: workers
+killed (SIGKILL) mid-run, rank 2 then rank 0; one more joining (SIGUSR1 to the agent), then rank 0
+asked to leave (SIGTERM). Every job: exit 0, the
 ledger check passes (no sample lost or repeated), and the final parameters equal the plain port
 (examples/ddp_mnist.py) in one process on the same global batches (max relative difference
 <= 1e-10), while the split changes at every update (``--strategy random``, a rank at 1 sample)."""
@@ -87,13 +88,16 @@ def test_a_killed_worker_is_dropped_and_the_ddp_script_stays_exact(tmp_path, dat
 
 @pytest.mark.mpi
 @pytest.mark.alone
-def test_a_worker_joins_the_ddp_script_and_the_update_stays_exact(tmp_path, data, one_process):
+def test_a_worker_joins_then_rank_0_leaves_and_the_ddp_script_stays_exact(tmp_path, data, one_process):
     job = elastic_job(tmp_path, data, 2)
     job.run_schedule([(5, "join", None)])
-    entries = check_job(job, one_process, "join")
-    joined = next(i for i, e in enumerate(entries) if len(e["members"]) == 3)
-    newcomer = entries[joined]["members"][-1]
-    assert all(e["sizes"][e["members"].index(newcomer)] > 0 for e in entries[joined:])  # it computes at once
+    schedule = [(5, "join", None), (len(committed(job.log)) + 20, "term", 0)]  # rank 0 asked to leave after
+    job.run_schedule(schedule[1:])
+    entries = check_job(job, one_process, schedule)
+    members = [tuple(e["members"]) for e in entries]
+    assert members[0] == (0, 1) and len(set(members)) == 3 and members[-1] == (1, 2), sorted(set(members))
+    joined = members.index((0, 1, 2))
+    assert all(e["sizes"][2] > 0 for e in entries[joined : members.index((1, 2))])  # the newcomer computes at once
 
 
 def test_the_elastic_port_is_the_ddp_port_moved_into_a_function_plus_its_marked_lines():
@@ -115,9 +119,9 @@ def test_the_elastic_port_is_the_ddp_port_moved_into_a_function_plus_its_marked_
 
 
 @pytest.mark.slow
-def test_a_script_of_bno_elastic_without_the_agent_is_one_line():
+def test_a_script_of_bno_elastic_without_the_agent_is_one_line(data):
     proc = subprocess.run(
-        [sys.executable, ELASTIC_EXAMPLE, "--data-dir", FASHION_DIR, "--epochs", "1"],
+        [sys.executable, ELASTIC_EXAMPLE, "--data-dir", data, "--epochs", "1"],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=mpi_env(),
     )  # fmt: skip
     lines = proc.stderr.strip().splitlines()

@@ -85,6 +85,7 @@ class State:
         self.started = False  # this worker has trained in a generation (it holds a state)
         self.world = self.membership = self.balancer = self.ledger = None
         self.global_batch = None  # the first generation's: the same in every generation
+        self.buffers = _buffers(model)  # BatchNorm's statistics at the last commit (a failed forward moves them)
         self._hook = register_optimizer_step_post_hook(self._stepped)  # before any DDP drop-in's hook
 
     @property
@@ -139,6 +140,7 @@ class State:
             return
         self.ledger.before_compute(self.balancer.current_step)
         self.ledger.commit()
+        self.buffers = _buffers(self.model)
         comm = self.world.control_comm
         newer = self.membership.latest() if comm.Get_rank() == 0 else None
         newer = comm.bcast(newer, root=0)
@@ -152,18 +154,27 @@ class State:
         if max(counts) < 0:  # the first generation: every worker starts from the script's own model
             return
         leader = counts.index(max(counts))
-        mine = (self.model.state_dict(), self.optimizer.state_dict(), self.entries)
-        model, optimizer, entries = comm.bcast(mine if self.world.rank == leader else None, root=leader)
+        mine = None
+        if self.world.rank == leader:
+            model = self.model.state_dict()
+            model.update((k, v) for k, v in self.buffers.items() if k in model)  # as committed
+            mine = (model, self.optimizer.state_dict(), self.entries)
+        model, optimizer, entries = comm.bcast(mine, root=leader)
+        self.model.load_state_dict(model)  # the leader too: its buffers as committed
         if self.world.rank != leader:
-            self.model.load_state_dict(model)
             self.optimizer.load_state_dict(optimizer)
             self.entries = [dict(e) for e in entries]
+        self.buffers = _buffers(self.model)
         self.started = True
 
     def _end_generation(self) -> None:
         if self.ledger is not None:
             self.ledger.close()
         self.ledger = self.world = None
+
+
+def _buffers(model) -> dict:
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
 
 
 def run(func):

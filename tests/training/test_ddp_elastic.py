@@ -17,6 +17,8 @@ from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_mark
 from support.run_port import write_fashion_subset
 from support.train_runs import saved_model
 
+from bno_hvd.common.errors import UsageError
+
 ELASTIC_EXAMPLE = f"{ROOT}/examples/ddp_elastic.py"
 TRAIN, EPOCHS, GLOBAL = 2000, 2, 16  # 125 updates of 16 per epoch: 250 in all
 UPDATES = EPOCHS * TRAIN // GLOBAL
@@ -127,3 +129,22 @@ def test_a_script_of_bno_elastic_without_the_agent_is_one_line(data):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("bno-hvd: error: @bno.elastic.run needs the elastic agent"), lines
+
+
+def test_bno_elastic_refuses_what_it_cannot_carry_in_one_line():
+    import torch
+
+    import bno_hvd as bno
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UsageError, match="^bno.elastic.State needs a torch optimizer"):
+        bno.elastic.State(model, "sgd")
+    with pytest.raises(UsageError, match="timeout is in seconds"):
+        bno.elastic.State(model, optimizer, timeout=0)
+    state = bno.elastic.State(model, optimizer)
+    with pytest.raises(UsageError, match="belongs inside the function decorated with @bno.elastic.run"):
+        state.epochs(None, 1)
+    with pytest.raises(UsageError, match="takes the bno.elastic.State first"):
+        bno.elastic.run(lambda state: None)(model)
+    assert state.epoch == 1 and list(range(state.epoch, 3)) == [1, 2]

@@ -1,10 +1,10 @@
 """``bno.elastic``: the DDP drop-in of a user's script (``examples/ddp_elastic.py``) under the
 elastic agent (``bno-hvd elastic -n N -- python script.py``), on Fashion-MNIST in float64: workers
 killed (SIGKILL) mid-run, rank 2 then rank 0; one more joining (SIGUSR1 to the agent), then rank 0
-asked to leave (SIGTERM). Every job: exit 0, the
-ledger check passes (no sample lost or repeated), and the final parameters equal the plain port
-(examples/ddp_mnist.py) in one process on the same global batches (max relative difference
-<= 1e-10), while the split changes at every update (``--strategy random``, a rank at 1 sample)."""
+asked to leave (SIGTERM). Every job: exit 0, the ledger check passes (no sample lost or
+repeated), and the final parameters equal the plain port (examples/ddp_mnist.py) in one process on
+the same global batches (max relative difference <= 1e-10), while the split changes at every
+update (``--strategy random``, a rank at 1 sample)."""
 
 import subprocess
 import sys
@@ -16,24 +16,13 @@ from support.jobs import FASHION_DIR, ROOT, assert_ok, mpi_env, mpirun, python_c
 from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_markers
 from support.run_port import write_fashion_subset
 from support.train_runs import saved_model
+from test_elastic import recoveries
 
 from bno_hvd.common.errors import UsageError
 
 ELASTIC_EXAMPLE = f"{ROOT}/examples/ddp_elastic.py"
-TRAIN, EPOCHS, GLOBAL = 2000, 2, 16  # 125 updates of 16 per epoch: 250 in all
-UPDATES = EPOCHS * TRAIN // GLOBAL
-ARGS = [
-    "--epochs",
-    str(EPOCHS),
-    "--strategy",
-    "random",
-    "--rebalance-every",
-    "1",
-    "--seed",
-    "5",
-    "--log-interval",
-    "50",
-]
+TRAIN, GLOBAL = 2000, 16  # 125 updates of 16 per epoch
+ARGS = ["--strategy", "random", "--rebalance-every", "1", "--seed", "5", "--log-interval", "50"]
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +32,43 @@ def data(tmp_path_factory, fashion_available):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, data):
-    """The plain port (examples/ddp_mnist.py) in one process on the whole global batch (16, lr 4 x 0.01)."""
-    out = tmp_path_factory.mktemp("ddp-elastic-one")
-    args = [*ARGS, "--data-dir", data, "--batch-size", str(GLOBAL), "--lr", "0.04"]
-    cmd = ["tests/support/run_port.py", str(out), DDP_EXAMPLE, *args]
-    assert_ok(mpirun(1, python_cmd("-m", "bno_hvd.processes.torchenv", *cmd), timeout=300))
-    return saved_model(out / "model.pt")
+    """The plain port (examples/ddp_mnist.py) in one process on the whole global batch (16, lr 4 x
+    0.01), for a number of epochs: its final parameters."""
+    made = {}
+
+    def reference(epochs):
+        if epochs not in made:
+            out = tmp_path_factory.mktemp("ddp-elastic-one")
+            args = [*ARGS, "--epochs", str(epochs), "--data-dir", data, "--batch-size", str(GLOBAL), "--lr", "0.04"]
+            cmd = ["tests/support/run_port.py", str(out), DDP_EXAMPLE, *args]
+            assert_ok(mpirun(1, python_cmd("-m", "bno_hvd.processes.torchenv", *cmd), timeout=300))
+            made[epochs] = saved_model(out / "model.pt")
+        return made[epochs]
+
+    return reference
 
 
-def elastic_job(tmp_path, data, nproc):
+def elastic_job(tmp_path, data, nproc, epochs):
     out = tmp_path / "out"
     out.mkdir()
     script = [sys.executable, "tests/support/run_port.py", str(out), ELASTIC_EXAMPLE, *ARGS, "--data-dir", data]
+    script += ["--epochs", str(epochs)]
     script += ["--batch-size", "4", "--global-batch", str(GLOBAL), "--lr", "0.01", "--elastic-timeout", "5"]
     script += ["--log-dir", str(tmp_path / "elastic")]
     job = ElasticJob(tmp_path, data, nproc=nproc, script=script, timeout=150)
-    job.model = out / "model.pt"
+    job.model, job.epochs = out / "model.pt", epochs
     return job
 
 
 def check_job(job, one_process, schedule):
+    """``one_process``: the reference's parameters; the updates follow from the ledger's length."""
     code, err = job.finish()
     events = f"schedule {schedule}: {job.events}; generations {job.generations()}\n{err[-3000:]}"
     assert code == 0, events
     check = run_cli("ledger", "check", str(job.log))
     assert check.returncode == 0, f"{check.stderr}\n{events}"
-    assert check.stdout.startswith(f"ledger ok: {UPDATES} updates used {UPDATES * GLOBAL} samples"), check.stdout
+    updates = job.epochs * TRAIN // GLOBAL
+    assert check.stdout.startswith(f"ledger ok: {updates} updates used {updates * GLOBAL} samples"), check.stdout
     diff = max_relative_difference(saved_model(job.model), one_process)
     print(f"{schedule}: max relative difference {diff:.2e} to one process; {job.events}")
     assert diff <= 1e-10, f"max relative difference {diff:.3e}; {events}"
@@ -81,21 +81,23 @@ def check_job(job, one_process, schedule):
 @pytest.mark.alone  # a collective's timeout tells a death: no other test's load beside it
 def test_a_killed_worker_is_dropped_and_the_ddp_script_stays_exact(tmp_path, data, one_process):
     schedule = [(40, "kill", 2), (120, "kill", 0)]
-    job = elastic_job(tmp_path, data, 4)
+    job = elastic_job(tmp_path, data, 4, epochs=2)  # 250 updates
     job.run_schedule(schedule)
-    entries = check_job(job, one_process, schedule)
+    entries = check_job(job, one_process(2), schedule)
     members = [tuple(e["members"]) for e in entries]
     assert len(members[-1]) == 2 and len(set(members)) == 3, sorted(set(members))
+    took = recoveries(job, entries)  # measured, not asserted: a speed figure
+    print(f"{schedule}: kill -> next committed update {', '.join(f'{t:.2f}' for t in took)} s")
 
 
 @pytest.mark.mpi
 @pytest.mark.alone
 def test_a_worker_joins_then_rank_0_leaves_and_the_ddp_script_stays_exact(tmp_path, data, one_process):
-    job = elastic_job(tmp_path, data, 2)
+    job = elastic_job(tmp_path, data, 2, epochs=3)  # 375 updates: the joiner starts (seconds) before the end
     job.run_schedule([(5, "join", None)])
     schedule = [(5, "join", None), (len(committed(job.log)) + 20, "term", 0)]  # rank 0 asked to leave after
     job.run_schedule(schedule[1:])
-    entries = check_job(job, one_process, schedule)
+    entries = check_job(job, one_process(3), schedule)
     members = [tuple(e["members"]) for e in entries]
     assert members[0] == (0, 1) and len(set(members)) == 3 and members[-1] == (1, 2), sorted(set(members))
     joined = members.index((0, 1, 2))

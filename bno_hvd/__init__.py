@@ -59,6 +59,8 @@ _FRAMEWORKS = {"lightning": "lightning", "accelerate": "accelerate", "hf": "trai
 
 
 def __getattr__(name):
+    if name == "elastic":  # bno.elastic.State, @bno.elastic.run: a DDP script under elastic membership
+        return importlib.import_module(".training.elasticscript", __name__)
     if name in _FRAMEWORKS:
         return importlib.import_module(f".library.frameworks.{_FRAMEWORKS[name]}", __name__)
     if name not in _WHERE:

@@ -1,4 +1,5 @@
-"""``bno-hvd elastic -n N -- train ...``: an elastic job (:mod:`bno_hvd.processes.elasticagent`)."""
+"""``bno-hvd elastic -n N -- train ...`` (or ``-- python script.py``, a script of ``bno.elastic``): an
+elastic job (:mod:`bno_hvd.processes.elasticagent`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from bno_hvd.common.errors import UsageError
 @click.option("--store", "address", default=None, help="HOST:PORT of node 0's store (needed with several nodes).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def elastic(nproc, min_ranks, max_ranks, timeout, nnodes, node_rank, address, command):
-    """Run `bno-hvd train --engine torch --elastic ...` on NPROC workers per machine that may leave and join.
+    """Run `bno-hvd train --engine torch --elastic ...`, or a script of bno.elastic
+    (`-- python script.py ...`), on NPROC workers per machine that may leave and join.
 
     A worker that ends (SIGKILL) or is sent SIGTERM is dropped; SIGUSR1 to an agent starts one
     more on its machine, which joins at the next update boundary. Several machines: an agent on
@@ -33,12 +35,12 @@ def elastic(nproc, min_ranks, max_ranks, timeout, nnodes, node_rank, address, co
         raise UsageError("several nodes need --store HOST:PORT: node 0's address, which every machine reaches")
     if address and not address.rpartition(":")[2].isdigit():
         raise UsageError(f"--store needs HOST:PORT, got {address!r}")
-    if command[0] != "train":
-        raise UsageError(f"bno-hvd elastic runs train, e.g. bno-hvd elastic -n 4 -- train ...; got {command[0]!r}")
-    worker = [sys.executable, "-m", "bno_hvd", *command]
-    if "--elastic" not in command:
-        worker.append("--elastic")
-    check_flags(worker[4:])  # (after "train")
+    worker = list(command)  # a script's own command line (bno.elastic: docs/elastic.md)
+    if command[0] == "train":
+        worker = [sys.executable, "-m", "bno_hvd", *command]
+        if "--elastic" not in command:
+            worker.append("--elastic")
+        check_flags(worker[4:])  # (after "train")
     sys.exit(run_agent(worker, nproc, min_ranks, max_ranks, timeout, nnodes, node_rank, address))
 
 

@@ -212,8 +212,14 @@ def exact_dropout(model: torch.nn.Module, balancer) -> torch.nn.Module:
     if not isinstance(balancer, Balancer):
         raise UsageError(f"exact_dropout needs the Balancer that feeds the model, got {describe(balancer)}")
 
+    bound = getattr(model, "_bno_dropout_balancer", None)
+    if bound is not None:  # made exact before: its hooks follow this balancer now (a new generation, bno.elastic)
+        bound[0] = balancer
+        return model
+    bound = model._bno_dropout_balancer = [balancer]
+
     def keys():
-        step = balancer.current_step
+        step = bound[0].current_step
         if step is None or not step.keys:
             raise UsageError(
                 "exact_dropout: a training forward outside a batch of the balancer's loader "

@@ -12,6 +12,7 @@ and :mod:`bno_hvd.processes`; never the lab or the CLI (lab behaviour enters a r
 - :mod:`.calibrate` - the cost of a sequence, measured at start-up
 - :mod:`.checkpoint` - model, optimizer, balancer and RNG state, written atomically
 - :mod:`.elastic` - ``--elastic``: generations of ranks, the state carried from one to the next
+- :mod:`.elasticscript` - ``bno.elastic`` (``State``, ``@run``): the same for the DDP drop-in in a user's script
 - :mod:`.ledger` - the stream ranges every committed update used, and their check
 - what a run writes: :mod:`.results` (what it measured), :mod:`.runlog` (rank 0's files and progress),
   :mod:`.stragglers`, :mod:`.tensorboard`

@@ -95,23 +95,23 @@ def restore_from_peers(world, cfg, held: Held | None):
         model.load_state_dict(state.model)
         optimizer.load_state_dict(state.optimizer)
         ledger.resumed = state.entries
-        update = state.entries[-1]["update"] + 1 if state.entries else 0
-        start = position_after(state.entries, balancer.sampler.dataset_len)
-        balancer.sampler.load_state_dict(
-            {
-                "seed": cfg.seed,
-                "epoch": start.epoch,
-                "offset": start.offset,
-                "dataset_len": balancer.sampler.dataset_len,
-            }
-        )
-        plan = balancer.plan
-        balancer.control.load_state_dict(
-            {"plan": {"lag": plan.lag, "done": update, "changes": [[update, plan.latest()]]}}
-        )
-        return update
+        return resume_stream(balancer, state.entries)
 
     return restore
+
+
+def resume_stream(balancer, entries: list[dict]) -> int:
+    """Set ``balancer`` (its stream position and updates done) to follow the updates of ``entries``
+    (ledger entries), splitting from there by its strategy's newest allocation; the next update's index."""
+    update = entries[-1]["update"] + 1 if entries else 0
+    start = position_after(entries, balancer.sampler.dataset_len)
+    sampler = balancer.sampler
+    sampler.load_state_dict(
+        {"seed": sampler.seed, "epoch": start.epoch, "offset": start.offset, "dataset_len": sampler.dataset_len}
+    )
+    plan = balancer.plan
+    balancer.control.load_state_dict({"plan": {"lag": plan.lag, "done": update, "changes": [[update, plan.latest()]]}})
+    return update
 
 
 def position_after(entries: list[dict], dataset_len: int) -> Position:

@@ -39,12 +39,14 @@ committed = committed_entries  # a running job's ledger entries so far
 class ElasticJob:
     """A running ``bno-hvd elastic`` job and the signals a test sends it."""
 
-    def __init__(self, tmp_path, data, *, nproc=4, updates=60, strategy="random", extra=(), timeout=240):
+    def __init__(self, tmp_path, data, *, nproc=4, updates=60, strategy="random", extra=(), timeout=240, script=None):
+        """``script``: a script's command line instead of ``bno-hvd train`` (bno.elastic); it writes
+        its ledger to ``tmp_path / "elastic"`` and its model to ``self.model``, which it then sets."""
         self.log = tmp_path / "elastic"
         flags = ["--engine", "torch", "--data-dir", data, "--global-batch", str(GLOBAL)]
         flags += ["--strategy", strategy, "--rebalance-every", "1"]
         flags += ["--elastic-timeout", "5", *extra]  # a survivor waiting on a live peer learns by this timeout
-        args = train_args(tmp_path / "elastic.pt", self.log, *flags, updates=updates)
+        args = train_args(tmp_path / "elastic.pt", self.log, *flags, updates=updates) if script is None else script
         cmd = bno_cmd("elastic", "-n", str(nproc), "--max-ranks", "6", "--timeout", str(timeout), "--", *args)
         self.err_path = tmp_path / "agent.err"
         self.err = open(self.err_path, "w")

@@ -86,14 +86,18 @@ def main() -> None:
     def note(module, inputs, output):
         if type(module).__name__ in MODELS:
             seen["model"] = module
-            if seen["group"] is None and torch.distributed.is_initialized():
-                seen["group"] = torch.distributed.group.WORLD
+            if torch.distributed.is_initialized():
+                if seen["group"] is None:
+                    seen["group"] = torch.distributed.group.WORLD
+                seen["rank"] = torch.distributed.get_rank()  # bno.elastic: the rank in the last generation
             if module.training:  # (a transformers model takes its inputs by keyword: its logits' rows)
                 seen["sizes"].append(int(inputs[0].shape[0] if inputs else output.logits.shape[0]))
 
     handle = torch.nn.modules.module.register_module_forward_hook(note)
     runpy.run_path(script, run_name="__main__")
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))  # mpirun's, torchrun's
+    rank = int(
+        os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", seen.pop("rank", 0)))
+    )  # mpirun's, torchrun's
     with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
         json.dump(seen["sizes"], fh)
     if rank == 0:

@@ -63,7 +63,7 @@ REFUSED = {
 }
 REFUSED.update({k: REFUSED["lengths"] for k in ("cost", "global_tokens", "text")})
 REFUSED.update({k: REFUSED["ddp_comm_hook"] for k in ("ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period")})
-BALANCER_OPTIONS = ("window", "lag", "monitor", "report_filter")
+BALANCER_OPTIONS = ("window", "lag", "monitor", "report_filter", "sit_out")
 
 
 class BalancedStrategy(DDPStrategy):
@@ -77,7 +77,8 @@ class BalancedStrategy(DDPStrategy):
         seed: the sample order and the per-sample dropout seeds (None: ``L.seed_everything``'s
             seed, as Lightning's ``DistributedSampler`` takes it, else 0).
         global_batch: the global batch, when it is not B x world size.
-        **options: the Balancer's ``window``, ``lag``, ``monitor``, ``report_filter``; the rest
+        **options: the Balancer's ``window``, ``lag``, ``monitor``, ``report_filter``, ``sit_out``
+            (False: no rank ever gets 0 samples); the rest
             goes to ``DDPStrategy`` (``find_unused_parameters``, ``process_group_backend``, ...).
 
     Example::

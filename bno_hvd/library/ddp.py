@@ -99,14 +99,17 @@ def DistributedDataParallel(module, *, balancer, **ddp_options):  # noqa: N802 -
     return _weigh(ddp, balancer, sit_out, ddp_options)
 
 
-def balance_ddp(ddp, balancer, ddp_options: dict):
+def balance_ddp(ddp, balancer, ddp_options: dict, *, early_sit_out: bool = False):
     """What :func:`DistributedDataParallel` does to the torch DDP model it builds, on one another
     library built (Accelerate's ``prepare``, :mod:`bno_hvd.library.frameworks`): the weighting hook,
     the step's ends, sit-out. ``ddp_options``: the options it was built with (``broadcast_buffers``
-    given explicitly counts). Before the model's first forward; returns ``ddp``."""
+    given explicitly counts). ``early_sit_out``: the caller rebuilds DDP's buckets itself before a
+    rank sits out of the first two updates (bno.lightning). Before the model's first forward; returns ``ddp``."""
     _check_world(balancer, ddp.module, ddp.process_group)
     sit_out = (
-        balancer.sit_out_wanted is not False and balancer.size > 1 and _may_sit_out(balancer, ddp.module, ddp_options)
+        balancer.sit_out_wanted is not False
+        and balancer.size > 1
+        and _may_sit_out(balancer, ddp.module, ddp_options, early_sit_out)
     )
     return _weigh(ddp, balancer, sit_out, ddp_options)
 
@@ -143,7 +146,7 @@ def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
     return ddp
 
 
-def _may_sit_out(balancer, module, ddp_options: dict) -> bool:
+def _may_sit_out(balancer, module, ddp_options: dict, early: bool = False) -> bool:
     """Whether ranks of this DDP model can sit updates out (bno_hvd/library/sitout.py); refuses in
     one line what cannot work. DDP broadcasts rank 0's buffers at every forward over every rank, so
     only a model whose buffers are exact BatchNorm's (equal on every rank that computes) or none
@@ -158,7 +161,7 @@ def _may_sit_out(balancer, module, ddp_options: dict) -> bool:
             "rank (model buffers other than exact BatchNorm's, or broadcast_buffers=True): convert BatchNorm with "
             "bno.exact(model, balancer), or give every rank samples"
         )
-    if zeros:
+    if zeros and not early:
         raise UsageError(
             "a rank has 0 samples in the first two updates: torch's DDP rebuilds its gradient buckets over every rank "
             "at its second; give every rank samples at first (a rank may sit out two updates after the start)"

@@ -116,10 +116,7 @@ def test_lightning_launches_the_ranks_itself_and_logs_each_ranks_batch_size(tmp_
 
 
 REFUSALS = {
-    "a rank at 0 samples": (
-        ["--strategy", "fixed:16,8,8,0"],
-        "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy",
-    ),
+    "rank 0 at 0 samples": (["--strategy", "fixed:0,8,8,16"], "rank 0's >= 1"),
     "a changing global batch": (["--strategy", "bno"], "strategy bno changes the global batch"),
 }
 

@@ -101,9 +101,10 @@ CELLS = {
         "a memory cap (max_batch=) runs micro-batches, which Lightning's loop does not",
         f"{LIB}test_lightning.py::test_what_balanced_strategy_refuses_when_built_is_one_usage_error[micro]",
     ),
-    ("lightning", "sitout"): Refused(
-        "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy",
-        f"{LIB}test_lightning.py::test_what_balanced_strategy_refuses_is_one_line_and_exit_2_on_every_rank",
+    ("lightning", "sitout"): Test(
+        f"{LIB}test_lightning_sitout.py::test_ranks_out_inside_lightning_equal_one_process",
+        "one out and back, three of four, one out a whole epoch, a sync_dist loss; 8,8,0,0: "
+        "test_a_split_given_by_hand_with_ranks_out_from_the_start_is_exact",
     ),
     ("lightning", "lossscale"): Refused(
         "a loss scale (precision='16-mixed', its GradScaler) is not supported by BalancedStrategy yet",

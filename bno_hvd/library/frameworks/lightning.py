@@ -18,16 +18,18 @@
 
 Lightning's fetcher may draw a batch before the previous one is trained: a batch's step starts
 when its ``training_step`` runs (the queue of drawn batches below), and the allocation lag covers
-the extra batch drawn. Refused in one line (``bno-hvd: error:``): a split that gives a rank 0
-samples (sit-out), text split by cost, a strategy that changes the global batch (``bno``),
-gradient accumulation, memory caps, a loss scale (``16-mixed``), another DDP communication hook, and
-the spawn/fork launchers.
+the extra batch drawn. A rank a split gives 0 samples sits the update out inside Lightning's loop
+(:mod:`.lightning_sitout`). Refused in one line (``bno-hvd: error:``): text split by cost, a
+strategy that changes the global batch (``bno``), gradient accumulation, memory caps, a loss scale
+(``16-mixed``), another DDP communication hook, and the spawn/fork launchers.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
+
+import torch
 
 try:
     from lightning.pytorch.strategies import DDPStrategy
@@ -43,8 +45,9 @@ from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.allocation.sampler import updates_left
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
-from bno_hvd.library.ddp import DistributedDataParallel
+from bno_hvd.library.ddp import balance_ddp
 from bno_hvd.library.exact import exact
+from bno_hvd.library.frameworks.lightning_sitout import SAT_OUT, EpochEnd, prepare_first_update, sat_out_loss
 from bno_hvd.library.loader import prefetch_depth
 from bno_hvd.processes.world import exit_with_error, one_line_errors
 
@@ -60,7 +63,7 @@ REFUSED = {
 }
 REFUSED.update({k: REFUSED["lengths"] for k in ("cost", "global_tokens", "text")})
 REFUSED.update({k: REFUSED["ddp_comm_hook"] for k in ("ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period")})
-BALANCER_OPTIONS = ("window", "lag", "monitor", "report_filter")
+BALANCER_OPTIONS = ("window", "lag", "monitor", "report_filter", "sit_out")
 
 
 class BalancedStrategy(DDPStrategy):
@@ -74,7 +77,8 @@ class BalancedStrategy(DDPStrategy):
         seed: the sample order and the per-sample dropout seeds (None: ``L.seed_everything``'s
             seed, as Lightning's ``DistributedSampler`` takes it, else 0).
         global_batch: the global batch, when it is not B x world size.
-        **options: the Balancer's ``window``, ``lag``, ``monitor``, ``report_filter``; the rest
+        **options: the Balancer's ``window``, ``lag``, ``monitor``, ``report_filter``, ``sit_out``
+            (False: no rank ever gets 0 samples); the rest
             goes to ``DDPStrategy`` (``find_unused_parameters``, ``process_group_backend``, ...).
 
     Example::
@@ -99,6 +103,8 @@ class BalancedStrategy(DDPStrategy):
         self.balancer: Balancer | None = None
         self.loader: BalancedLoader | None = None  # the training loader Lightning iterates
         self.batch_sizes: list[int] = []  # every rank's batch of the update under way (logged)
+        self.first_update = True  # the next training_step is this process's first
+        self.stepping = False  # inside the LightningModule's training_step (its sync_dist: the computing ranks)
         super().__init__(**options)
 
     # -- Lightning's hooks ---------------------------------------------------------------
@@ -114,6 +120,8 @@ class BalancedStrategy(DDPStrategy):
                 "use precision='bf16-mixed' or '32-true'"
             )
         super().setup(trainer)
+        if not any(isinstance(c, EpochEnd) for c in trainer.callbacks):
+            trainer.callbacks.insert(0, EpochEnd(self))  # first at an epoch's end: the ranks behind catch up
 
     def configure_ddp(self) -> None:
         """Deferred: the model is wrapped once the training loader gives the Balancer (below)."""
@@ -145,14 +153,48 @@ class BalancedStrategy(DDPStrategy):
         if not self.loader.drawn:  # training_step(self, dataloader_iter) draws its batches itself
             refuse("training_step(dataloader_iter) is not supported by BalancedStrategy: take (batch, batch_idx)")
         batch = self.loader.drawn.popleft()  # the oldest batch drawn is the one this step trains
-        self.balancer.finish_step()  # one whose optimizer.step() never came (training_step returned None)
-        step = self.balancer.start_step(batch)
+        bal = self.balancer
+        bal.finish_step()  # one whose optimizer.step() never came (training_step returned None)
+        if bal.sit_out is not None:
+            if self.first_update:
+                prepare_first_update(bal, self.model)
+            bal.sit_out.begin(bal.batch_sizes)  # rank 0's word to a rank out, its state to a rank back
+        self.first_update = False
+        step = bal.start_step(batch)
         if list(step.batch_sizes) != self.batch_sizes:  # logged where the split changes: four log() calls
             self.batch_sizes = list(step.batch_sizes)  # an update cost ~10% of it at equal CPU limits
             log = self.lightning_module.log
             for r, size in enumerate(self.batch_sizes):
                 log(f"bno/batch_size/rank{r}", float(size), on_step=True, on_epoch=False, batch_size=1)
-        return super().training_step(*args, **kwargs)
+        if step.size == 0:  # this rank sits the update out: no forward, no backward, a step that changes nothing
+            return sat_out_loss(self.root_device)
+        self.stepping = True
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            self.stepping = False
+
+    def backward(self, closure_loss, optimizer, *args, **kwargs):
+        step = None if self.balancer is None else self.balancer.current_step
+        if step is not None and step.size == 0:
+            return closure_loss  # sat out: no graph, and DDP's reducer stays out of this update
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        """Lightning's ``sync_dist``: inside a training step where some rank sits out, over the
+        ranks that compute (the others run no training_step)."""
+        sit_out = None if self.balancer is None else self.balancer.sit_out
+        if group is None and self.stepping and sit_out is not None and sit_out.group is not None:
+            group = sit_out.group
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def on_validation_start(self) -> None:
+        self._catch_up()  # every rank validates rank 0's model
+        super().on_validation_start()
+
+    def on_train_end(self) -> None:
+        self._catch_up()  # every rank ends fit() with rank 0's model (test, predict, save)
+        super().on_train_end()
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -170,18 +212,24 @@ class BalancedStrategy(DDPStrategy):
                 f"strategy {strategy.name} changes the global batch, which Lightning's epoch length and learning "
                 "rate take as fixed: choose balanced, equal, random or fixed"
             )
-        if 0 in strategy.initial():
-            refuse(
-                "a rank has 0 samples in the split: sitting a rank out is not supported by BalancedStrategy; "
-                "give every rank samples (balanced never gives 0 here)"
-            )
         options = {k: v for k, v in self.balance.items() if v is not None}
-        return Balancer.for_world(dataset, batch, strategy, seed=seed, sit_out=False, **options)
+        try:
+            return Balancer.for_world(dataset, batch, strategy, seed=seed, **options)
+        except UsageError as err:  # a split the strategy cannot give (rank 0 at 0 samples, ...)
+            refuse(str(err))
 
     def _wrap(self, balancer: Balancer) -> None:
         module = exact(self.lightning_module, balancer)  # Lightning's own DDP wraps the LightningModule too
-        device_ids = self.determine_ddp_device_ids()
-        self.model = DistributedDataParallel(module, balancer=balancer, device_ids=device_ids, **self._ddp_kwargs)
+        options = {"device_ids": self.determine_ddp_device_ids(), **self._ddp_kwargs}
+        try:
+            ddp = torch.nn.parallel.DistributedDataParallel(module, **options)
+            self.model = balance_ddp(ddp, balancer, options, early_sit_out=True)  # buckets: lightning_sitout.py
+        except UsageError as err:
+            refuse(str(err))
+
+    def _catch_up(self) -> None:
+        if self.balancer is not None and self.balancer.sit_out is not None:
+            self.balancer.sit_out.catch_up()
 
 
 class BalancedLoader:
@@ -209,7 +257,7 @@ class BalancedLoader:
             if batch.error is not None:
                 raise UsageError(batch.error, rank=bal.rank)
             self.drawn.append(batch)
-            yield batch.data
+            yield SAT_OUT if batch.size == 0 else batch.data
 
     def __len__(self) -> int:
         """Updates of the stream's current epoch, those done included (Lightning counts from there)."""

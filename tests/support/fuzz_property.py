@@ -9,6 +9,7 @@ line on stderr and no traceback.
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
 import warnings
@@ -70,6 +71,7 @@ def assert_one_line(message: str) -> None:
 def result_or_one_line(call: Callable[[], Any], limit: float = TIME_LIMIT):
     """``call()``'s result, or None after a one-line UsageError; anything else fails the example, and so
     does running longer than ``limit`` seconds."""
+    gc.collect()  # earlier tests' garbage (a Popen in a traceback's cycle) warns now, not inside the call
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -62,6 +62,9 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+_COLLECTED = [0.0]  # when result_or_one_line last collected garbage
+
+
 def assert_one_line(message: str) -> None:
     assert message.strip(), "empty error message"
     assert message.splitlines() == [message], f"error message is not one line: {message!r}"
@@ -71,7 +74,9 @@ def assert_one_line(message: str) -> None:
 def result_or_one_line(call: Callable[[], Any], limit: float = TIME_LIMIT):
     """``call()``'s result, or None after a one-line UsageError; anything else fails the example, and so
     does running longer than ``limit`` seconds."""
-    gc.collect()  # earlier tests' garbage (a Popen in a traceback's cycle) warns now, not inside the call
+    if time.monotonic() - _COLLECTED[0] > 5:  # once a test, not per example (a full collection is slow)
+        gc.collect()  # earlier tests' garbage (a Popen in a traceback's cycle) warns now, not inside the call
+        _COLLECTED[0] = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -92,7 +92,8 @@ class Membership:
                 return latest, self.members(latest)
             if time.monotonic() > deadline:
                 raise TrainingError(
-                    f"--elastic: no new membership from the agent within {timeout:g} s after generation {gen}"
+                    f"--elastic: no new membership from the agent within {timeout:g} s after generation {gen}",
+                    rank=self.id,  # this worker's own view: it says so itself
                 )
             time.sleep(0.01)
 
@@ -136,8 +137,7 @@ class Membership:
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=limit)
         finish_at_exit()  # a worker that exits with its groups (bad input) destroys them, not the finalization
         self.generation = gen
-        control = TorchComm()
-        control.group.set_timeout(limit)
+        control = TorchComm()  # its collectives wait ``timeout`` too, as every group's of this world
         note = f"--elastic: generation {gen}, workers {ids}; gradients summed by torch.distributed over {backend}"
         # no sit-out sets: a rank never sits out, the split changes instead
         return World(

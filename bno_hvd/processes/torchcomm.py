@@ -43,7 +43,9 @@ class TorchComm:
     """:class:`ControlComm` over ``torch.distributed`` on a Gloo group of every rank.
 
     Collective to build (``new_group`` is collective over the whole job); ``group``: an existing
-    Gloo group of every rank, else a new one. Messages on different TorchComms never mix (each
+    Gloo group of every rank, else a new one that waits as long as the default group (torch's
+    ``new_group`` would wait 30 minutes: ``--elastic-timeout`` is every collective's limit, a
+    survivor's too). Messages on different TorchComms never mix (each
     is its own group), as with ``Dup()`` in MPI. ``tag`` is accepted and ignored: within one
     communicator messages between two ranks arrive in order, which is all the control plane uses."""
 
@@ -51,7 +53,7 @@ class TorchComm:
         import torch.distributed as dist
 
         self._dist = dist
-        self.group = dist.new_group(backend="gloo") if group is None else group
+        self.group = dist.new_group(backend="gloo", timeout=_default_timeout()) if group is None else group
         self._rank = dist.get_rank(self.group)
         self._size = dist.get_world_size(self.group)
         if self._size != dist.get_world_size():
@@ -99,6 +101,17 @@ class TorchComm:
 
     def Dup(self) -> TorchComm:  # noqa: N802
         return TorchComm()
+
+
+def _default_timeout():
+    """The default group's timeout (``init_process_group(timeout=)``), None where torch hides it."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError, ValueError):  # a torch that keeps it elsewhere: torch's default
+        return None
 
 
 class _Request:

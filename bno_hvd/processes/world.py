@@ -44,7 +44,8 @@ def exit_with_error(message: str, code: int, *, only_this_rank: int | None = Non
     (``only_this_rank``) is printed by it with its rank, and the MPI job is aborted so that no
     other rank waits for it in a collective. Used by the CLI and by a user's script (the drop-in)."""
     if only_this_rank is not None:
-        _say(f"bno-hvd: error: rank {only_this_rank}: {message}")
+        who = "worker" if "BNO_ELASTIC_ID" in os.environ else "rank"  # an elastic worker: its job-wide id
+        _say(f"bno-hvd: error: {who} {only_this_rank}: {message}")
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
             mpi.COMM_WORLD.Abort(code)  # the others may be waiting for this rank in a collective

@@ -146,7 +146,7 @@ def _generations(cfg, membership: Membership, out, plugin):
                 return None
             if not member:  # a joiner sees the generations before the one that admits it
                 continue
-            raise TrainingError(f"--elastic: worker {membership.id} was dropped from generation {gen}")
+            raise TrainingError(f"--elastic: dropped from generation {gen}", rank=membership.id)
         member = True
         try:
             world = membership.world(gen, ids, timeout=cfg.elastic_timeout)

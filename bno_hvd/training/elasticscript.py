@@ -221,7 +221,7 @@ def _generations(state: State, train):
                 raise SystemExit(0)
             if not member:  # a joiner sees the generations before the one that admits it
                 continue
-            raise TrainingError(f"bno.elastic: worker {membership.id} was dropped from generation {gen}")
+            raise TrainingError(f"bno.elastic: dropped from generation {gen}", rank=membership.id)
         member = True
         try:
             state.world = membership.world(gen, ids, timeout=timeout)

@@ -50,8 +50,9 @@ class ElasticJob:
         cmd = bno_cmd("elastic", "-n", str(nproc), "--max-ranks", "6", "--timeout", str(timeout), "--", *args)
         self.err_path = tmp_path / "agent.err"
         self.err = open(self.err_path, "w")
+        self.out = open(tmp_path / "agent.out", "w")  # the workers' output too: a failure's first clue
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self.err, text=True, env=mpi_env({"OMP_NUM_THREADS": "1"}), cwd=ROOT
+            cmd, stdout=self.out, stderr=self.err, text=True, env=mpi_env({"OMP_NUM_THREADS": "1"}), cwd=ROOT
         )
         self.model = tmp_path / "elastic.pt"
         self.deadline = time.monotonic() + timeout + 30
@@ -120,10 +121,11 @@ class ElasticJob:
     def finish(self):
         """The agent's exit code and its stderr (killed, and the test failed, after the deadline)."""
         try:
-            self.proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+            self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill_tree(self.proc)
         self.err.close()
+        self.out.close()
         return self.proc.returncode, open(self.err_path).read()
 
 

@@ -97,3 +97,16 @@ def test_the_torch_engine_measures_each_ranks_emulated_compute(tmp_path):
     for speed, rank in zip([1, 0.25], ranks):
         emulated = [batch / (speed * 200) for batch in rank["batch"]]
         assert len(emulated) == 6 and all(c >= e * 0.99 for c, e in zip(rank["compute"], emulated)), (speed, rank)
+
+
+@pytest.mark.mpi
+def test_the_control_planes_groups_wait_as_long_as_the_jobs_default_group(tmp_path):
+    """A TorchComm's own group (and its Dup's) takes the default group's timeout (3 s here), not
+    torch's 30 minutes: under --elastic a survivor whose peer is stuck elsewhere fails within
+    --elastic-timeout and the next generation forms (with torch's default, rank 0 waits and the job
+    is killed at 120 s)."""
+    proc = torchrun(2, ["tests/support/mpi_scripts/torchcomm_timeout.py", str(tmp_path)], timeout=120)
+    assert_ok(proc)
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["comm"][0] == got["dup"][0] == "RuntimeError", got
+    print(f"rank 0's bcast with rank 1 away: failed after {got['comm'][1]:.1f} s and {got['dup'][1]:.1f} s")

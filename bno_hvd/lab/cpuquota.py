@@ -222,10 +222,7 @@ class CpuQuotaHook(Hook):
             self.group.leave()
             time.sleep(0.1)
         if self._reaper is not None:
-            try:
-                self._reaper.stdin.close()  # the reaper sees the pipe close and has nothing left to do
-            except OSError:
-                pass
+            end_reaper(self._reaper)
         self.group = None
 
 
@@ -239,6 +236,17 @@ def start_reaper(path: str) -> subprocess.Popen:
         start_new_session=True,
         close_fds=True,
     )
+
+
+def end_reaper(reaper: subprocess.Popen, timeout: float = 5.0) -> None:
+    """Close the reaper's pipe (it removes what is left and exits) and wait for it: a reaper left
+    unwaited warns (ResourceWarning) in whatever test or run collects it. One still busy after
+    ``timeout`` (a member lingers) goes on by itself, in its own session."""
+    try:
+        reaper.stdin.close()
+        reaper.wait(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def reap(path: str, stdin=sys.stdin.buffer, timeout: float = 60.0) -> int:

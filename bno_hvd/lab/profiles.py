@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from bno_hvd.allocation.rounding import round_to_total
 from bno_hvd.common.atomic import write_json_atomic, write_text_atomic
 from bno_hvd.lab.confine import CGROUPS, CPUS
-from bno_hvd.lab.cpuquota import CpuQuotaGroup, find_place, start_reaper
+from bno_hvd.lab.cpuquota import CpuQuotaGroup, end_reaper, find_place, start_reaper
 from bno_hvd.lab.pairing import comparison
 from bno_hvd.lab.suitetable import suite_markdown
 from bno_hvd.processes.mpienv import mpi_env
@@ -204,7 +204,7 @@ class Confinement:
             proc.wait()
         for group, reaper in zip(self.groups, self.reapers):
             group.remove()  # the ranks have ended; the reaper removes it if a member lingers
-            reaper.stdin.close()
+            end_reaper(reaper)
 
 
 def _die_with_parent() -> None:

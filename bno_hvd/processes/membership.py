@@ -40,8 +40,9 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class JobDone(Exception):
-    """Rank 0 of the last generation finished the training (``done``): a worker still waiting to
-    join has nothing to do and ends with 0."""
+    """This worker has nothing left to do and ends with 0: rank 0 of the last generation finished
+    the training (``done``) while it waited to join, or it was asked to leave (SIGTERM) and the
+    agent published a generation without it."""
 
 
 class Membership:

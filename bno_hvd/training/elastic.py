@@ -131,51 +131,71 @@ def run_elastic(cfg, membership: Membership, *, out=sys.stdout, plugin=None):
     membership.ready()
     try:
         return _generations(cfg, membership, out, plugin)
-    except JobDone:  # the others finished training while this worker waited to join: nothing to do
+    except JobDone:  # nothing left to do: the others finished while it waited to join, or it left
         return None
 
 
 def _generations(cfg, membership: Membership, out, plugin):
     from bno_hvd.training.loop import Training
 
-    held, gen, member = None, -1, False
+    held = training = boundary = None
+
+    def attempt(world):
+        nonlocal training, boundary
+        boundary = Boundary(membership, world.control_comm)
+        restore = restore_from_peers(world, cfg, held)
+        training = Training(cfg, world, out=out, plugin=plugin, restore=restore, extra_hooks=[boundary])
+        training.advance()
+        result, training = training.finish(), None
+        return result
+
+    def failed(err):
+        nonlocal held, training, boundary
+        boundary.salvage()
+        held = _keep(training, held)
+        _close(training)
+        training = boundary = None
+
+    return generations(membership, cfg.elastic_timeout, attempt, failed)
+
+
+def generations(membership: Membership, timeout: float, attempt, failed):
+    """Form each generation this worker belongs to and call ``attempt(world)`` in it: its result,
+    once it returns (rank 0 then writes ``done``). A failure that is not the run's own (a peer
+    died, a newer generation: not a TrainingError or UsageError) calls ``failed(err)``, drops the
+    generation's groups and waits for the agent's next. Raises :class:`JobDone` for a worker with
+    nothing left to do (the training finished while it waited to join, or it was asked to leave).
+    The loop of ``train --elastic`` and of a script's ``@bno.elastic.run``."""
+    gen, member = -1, False
     while True:  # the first generation waits for every worker to start (imports, under load)
-        gen, ids = membership.wait_newer(gen, cfg.elastic_timeout if member else FIRST_WAIT_S)
+        gen, ids = membership.wait_newer(gen, timeout if member else FIRST_WAIT_S)
         if membership.id not in ids:
             if membership.leaving:
-                return None
+                raise JobDone()
             if not member:  # a joiner sees the generations before the one that admits it
                 continue
-            raise TrainingError(f"--elastic: dropped from generation {gen}", rank=membership.id)
+            raise TrainingError(f"elastic: dropped from generation {gen}", rank=membership.id)
         member = True
         try:
-            world = membership.world(gen, ids, timeout=cfg.elastic_timeout)
+            world = membership.world(gen, ids, timeout=timeout)
         except RuntimeError:  # a member died while the generation formed: the agent publishes the next
             leave_world()
             continue
         if world is None:  # a newer generation came before every member arrived: skip to it
             continue
-        training, boundary = None, Boundary(membership, world.control_comm)
         try:
-            training = Training(
-                cfg, world, out=out, plugin=plugin, restore=restore_from_peers(world, cfg, held), extra_hooks=[boundary]
-            )
-            training.advance()
-            result = training.finish()
-            training = None
+            result = attempt(world)
             if world.rank == 0:
                 membership.finish()  # a joiner still waiting ends (with 0)
             return result
         except Exception as err:  # noqa: BLE001 - a peer that died fails a collective in many ways
             if isinstance(err, (TrainingError, UsageError)):
                 raise
-            boundary.salvage()
-            held = _keep(training, held)
-            _close(training)
             failure = err
-        training = boundary = world = None
+        world = None
+        failed(failure)
         _release(failure)
-        gen = _next_after(membership, gen, failure, cfg.elastic_timeout)
+        gen = _next_after(membership, gen, failure, timeout)
 
 
 def _warm_up(cfg) -> None:
@@ -203,12 +223,15 @@ def _release(failure: BaseException) -> None:
     --elastic-timeout. The failure's frames hold the groups (the collective that failed): dropped."""
     import gc
 
+    from bno_hvd.library.ddp import release_kept_groups
+
     seen = [failure]
     while seen[-1] is not None and len(seen) < 10:
         seen[-1].__traceback__ = None
         seen.append(seen[-1].__cause__ or seen[-1].__context__)
     leave_world()
     gc.collect()
+    release_kept_groups()  # the groups a DDP drop-in keeps, for models now gone (a script's)
 
 
 def _close(training) -> None:

@@ -44,10 +44,10 @@ import signal
 
 import torch
 
-from bno_hvd.common.errors import TrainingError, UsageError
-from bno_hvd.processes.membership import ID_ENV, STORE_ENV, JobDone, Membership, leave_world
+from bno_hvd.common.errors import UsageError
+from bno_hvd.processes.membership import ID_ENV, STORE_ENV, JobDone, Membership
 from bno_hvd.processes.world import one_line_errors
-from bno_hvd.training.elastic import FIRST_WAIT_S, MembershipChange, _next_after, _release, resume_stream
+from bno_hvd.training.elastic import MembershipChange, generations, resume_stream
 from bno_hvd.training.ledger import Ledger
 
 __all__ = ["State", "run"]
@@ -205,51 +205,18 @@ def run(func):
         state.membership.ready()
         try:
             return _generations(state, lambda: func(state, *args, **kwargs))
-        except JobDone:  # the others finished while this worker waited to join
+        except JobDone:  # nothing left to do: the others finished while it waited to join, or it left
             raise SystemExit(0) from None
 
     return wrapper
 
 
 def _generations(state: State, train):
-    membership, timeout = state.membership, state.timeout
-    gen, member = -1, False
-    while True:  # the first generation waits for every worker to start (imports, under load)
-        gen, ids = membership.wait_newer(gen, timeout if member else FIRST_WAIT_S)
-        if membership.id not in ids:
-            if membership.leaving:
-                raise SystemExit(0)
-            if not member:  # a joiner sees the generations before the one that admits it
-                continue
-            raise TrainingError(f"bno.elastic: dropped from generation {gen}", rank=membership.id)
-        member = True
-        try:
-            state.world = membership.world(gen, ids, timeout=timeout)
-        except RuntimeError:  # a member died while the generation formed: the agent publishes the next
-            leave_world()
-            continue
-        if state.world is None:  # a newer generation came before every member arrived: skip to it
-            continue
-        try:
-            state._sync()
-            result = train()
-            if state.world.rank == 0:
-                membership.finish()  # a joiner still waiting ends (with 0)
-            state._end_generation()
-            return result
-        except Exception as err:  # noqa: BLE001 - a peer that died fails a collective in many ways
-            if isinstance(err, (TrainingError, UsageError)):
-                raise
-            failure = err
+    def attempt(world):
+        state.world = world
+        state._sync()
+        result = train()
         state._end_generation()
-        _drop_groups(failure)
-        gen = _next_after(membership, gen, failure, timeout)
+        return result
 
-
-def _drop_groups(failure: BaseException) -> None:
-    """Close this generation's Gloo connections now (peers waiting on this rank fail at once):
-    the failure's frames, the groups, and the groups the DDP drop-in keeps for models now gone."""
-    from bno_hvd.library.ddp import release_kept_groups
-
-    _release(failure)
-    release_kept_groups()
+    return generations(state.membership, state.timeout, attempt, lambda err: state._end_generation())

@@ -121,6 +121,13 @@ class BalancedTrainer(transformers.Trainer):
         return model, train_dataloader
 
     def _balancer(self) -> Balancer:
+        try:
+            return self._checked_balancer()
+        except UsageError:  # found by every process alike, before any collective: none leaves while
+            _all_arrived()  # another still connects its Gloo mesh (it would fail with a traceback)
+            raise
+
+    def _checked_balancer(self) -> Balancer:
         refuse_unsupported(self)
         dataset, options = self.train_dataset, dict(self.balance)
         lengths = options.pop("lengths")
@@ -134,6 +141,19 @@ class BalancedTrainer(transformers.Trainer):
         strategy = options.pop("strategy")
         batch = self.args.per_device_train_batch_size
         return Balancer.for_world(dataset, batch, strategy, seed=self.args.seed, lengths=lengths, **options)
+
+
+def _all_arrived(seconds: float = 60.0) -> None:
+    """Wait (at most ``seconds``) until every process has reached this point; best effort."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
+    except Exception:  # noqa: BLE001 - a process that did not come: the error is raised anyway
+        pass
 
 
 def check_predictions(trainer, labels, lengths: int) -> None:

@@ -203,20 +203,17 @@ def run(func):
         state.membership = Membership(os.environ[STORE_ENV], int(os.environ[ID_ENV]))
         signal.signal(signal.SIGTERM, lambda signum, frame: state.membership.ask_to_leave())
         state.membership.ready()
+
+        def attempt(world):
+            state.world = world
+            state._sync()
+            result = func(state, *args, **kwargs)
+            state._end_generation()
+            return result
+
         try:
-            return _generations(state, lambda: func(state, *args, **kwargs))
+            return generations(state.membership, state.timeout, attempt, lambda err: state._end_generation())
         except JobDone:  # nothing left to do: the others finished while it waited to join, or it left
             raise SystemExit(0) from None
 
     return wrapper
-
-
-def _generations(state: State, train):
-    def attempt(world):
-        state.world = world
-        state._sync()
-        result = train()
-        state._end_generation()
-        return result
-
-    return generations(state.membership, state.timeout, attempt, lambda err: state._end_generation())

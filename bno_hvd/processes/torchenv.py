@@ -20,6 +20,7 @@ import os
 import runpy
 import socket
 import sys
+import threading
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.processes.gloo import interface_for, placement
@@ -117,34 +118,39 @@ def init_process_group(backend: str, environ=os.environ) -> str:
 
 
 def finish_at_exit() -> None:
-    """Register :func:`finish_process_group` at exit, once (``on_error=False``)."""
+    """Register :func:`finish_process_group` at exit, once (``at_exit=True``)."""
     if not _AT_EXIT:
-        atexit.register(finish_process_group, on_error=False)
+        atexit.register(finish_process_group, at_exit=True)
         _AT_EXIT.append(finish_process_group)
 
 
 _AT_EXIT: list = []  # finish_process_group once registered at exit
 
 
-def finish_process_group(on_error: bool = True) -> None:
+def finish_process_group(at_exit: bool = False, wait: float = 5.0) -> None:
     """Destroy torch.distributed's process groups, if any, while the interpreter is whole (torch asks
     every script to; registered at exit by :func:`init_process_group`). Without it a Gloo worker
     thread may free a finished collective's tensors during the interpreter's finalization and abort
-    the rank after its work ("terminate called without an active exception", pytorch/pytorch#190489;
-    seen once in the suite). ``on_error=False``: not when an uncaught exception ends this rank (a
-    group whose collective waits for a peer would hold the exit). Models that died with the script's
-    functions go first (a DDP model freed after its group hangs: pytorch/pytorch#56297), and last
-    the groups the DDP drop-in kept for models that are gone (else freed in the finalization, where
-    a worker thread that frees a tensor aborts the rank the same way)."""
+    the rank after its work ("terminate called without an active exception", pytorch/pytorch#190489:
+    the worker takes the GIL after finalization began and is unwound through a destructor). Models
+    that died with the script's functions go first (a DDP model freed after its group hangs:
+    pytorch/pytorch#56297), and last the groups the DDP drop-in kept for models that are gone (else
+    freed in the finalization, where a worker thread that frees a tensor aborts the rank the same
+    way). ``at_exit``: when an uncaught exception ends this rank, the groups are destroyed in a
+    thread this rank waits for at most ``wait`` seconds (a collective still waiting for a peer
+    holds the destruction until the group's timeout; the rank then exits without it)."""
     import gc
 
     import torch.distributed as dist
 
-    if not on_error and hasattr(sys, "last_value"):
-        return
     gc.collect()
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        if not at_exit or not hasattr(sys, "last_value"):
+            dist.destroy_process_group()
+        else:
+            ending = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            ending.start()
+            ending.join(wait)
     ddp = sys.modules.get("bno_hvd.library.ddp")
     if ddp is not None:
         ddp.release_kept_groups()

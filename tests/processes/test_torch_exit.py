@@ -5,7 +5,9 @@ finalization and abort the rank after its work ("terminate called without an act
 pytorch/pytorch#190489; a DDP job of the suite did so once). :func:`init_process_group` of
 ``bno_hvd.processes.torchenv`` (the torch engine's, and a script's under mpirun) registers
 ``finish_process_group`` at exit; a hook the script registered before it runs after it and sees
-the group gone, on every rank. A script that raised keeps its group (a collective may wait for a peer).
+the group gone, on every rank. A script that raised has its group destroyed too (under load a rank
+that kept it aborted in 5 of 20 runs, and once in the CI of 35ba2c0), but the rank waits for that at
+most a few seconds: a collective still waiting for a peer holds the destruction until its timeout.
 """
 
 import pytest
@@ -14,7 +16,7 @@ from support.jobs import assert_ok, torchrun
 pytestmark = pytest.mark.mpi
 
 SCRIPT = """
-import atexit, sys
+import atexit, sys, time
 import torch, torch.distributed as dist
 from bno_hvd.processes.torchenv import init_process_group
 
@@ -24,23 +26,29 @@ init_process_group("gloo")
 tensor = torch.ones(3)
 dist.all_reduce(tensor)
 assert tensor.tolist() == [2.0, 2.0, 2.0]
-if sys.argv[1] == "raise":
+if sys.argv[1] == "pending" and dist.get_rank() == 1:
+    time.sleep(300)  # never joins rank 0's last collective; ends when torchrun ends the job
+if sys.argv[1] == "pending":
+    work = dist.all_reduce(tensor, async_op=True)
+if sys.argv[1] != "return":
     raise RuntimeError("this rank failed")
 """
 
 
-@pytest.mark.parametrize("end", ["return", "raise"])
-def test_the_group_is_destroyed_at_exit_unless_the_script_raised(tmp_path, end):
+@pytest.mark.parametrize("end", ["return", "raise", "pending"])
+def test_the_group_is_destroyed_at_exit_and_a_rank_that_raised_waits_for_it_at_most_seconds(tmp_path, end):
     script = tmp_path / "leaves_its_group.py"
     script.write_text(SCRIPT)
     proc = torchrun(2, [str(script), end], timeout=120)
     if end == "return":
         assert_ok(proc)
-        assert proc.stdout.count("initialized at exit False") == 2, proc.stdout + proc.stderr[-2000:]
     else:
         assert proc.returncode != 0
-        assert "initialized at exit True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+        assert "RuntimeError: this rank failed" in proc.stderr, proc.stderr[-2000:]
         assert "terminate called" not in proc.stderr, proc.stderr[-2000:]
+    if end == "pending":  # rank 0 gave up waiting for the destruction (its timeout: 30 min) and exited
+        assert "exitcode  : 1" in proc.stderr, proc.stderr[-2000:]  # and torchrun ended rank 1, asleep
+    assert proc.stdout.count("initialized at exit False") == (1 if end == "pending" else 2), proc.stdout
 
 
 DDP_SCRIPT = """

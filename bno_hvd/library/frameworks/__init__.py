@@ -9,3 +9,32 @@ what to install when it is missing; ``bno_hvd`` loads them on first use (``bno.l
 - :mod:`.accelerate` - Hugging Face Accelerate 1.x: a script built on ``accelerator.prepare`` (``bno.accelerate``)
 - :mod:`.trainer` - the Hugging Face ``Trainer`` (transformers 5.x), batches split by token cost (``bno.hf``)
 """
+
+import contextlib
+
+from bno_hvd.common.errors import UsageError
+
+
+@contextlib.contextmanager
+def refused_alike(seconds: float = 60.0):
+    """A :class:`UsageError` raised inside, which every process finds alike before training's first
+    collective, waits (at most ``seconds``) until every process has arrived here: none exits while
+    another still connects its Gloo mesh, which then fails with a traceback (the CI of 576caa4)."""
+    try:
+        yield
+    except UsageError:
+        all_arrived(seconds)
+        raise
+
+
+def all_arrived(seconds: float = 60.0) -> None:
+    """Wait (at most ``seconds``) until every process has reached this point; best effort."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
+    except Exception:  # noqa: BLE001 - a process that did not come: the error is raised anyway
+        pass

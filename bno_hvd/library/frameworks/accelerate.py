@@ -41,6 +41,7 @@ except ImportError as err:  # pragma: no cover - the extra is not installed
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.ddp import balance_ddp
 from bno_hvd.library.dropin import DataLoader
+from bno_hvd.library.frameworks import all_arrived, refused_alike
 from bno_hvd.processes.world import one_line_errors
 
 __all__ = ["Accelerator"]
@@ -82,12 +83,13 @@ class Accelerator(accelerate.Accelerator):
     def prepare(self, *args, device_placement=None):
         """Accelerate's ``prepare``; a :class:`bno_hvd.DataLoader` among ``args`` is kept as the
         balancer's loader (on this accelerator's device) and the models prepared with it weighted."""
-        for loader in (a for a in args if isinstance(a, DataLoader)):
-            if self.balancer is not None and loader.balancer is not self.balancer:
-                raise UsageError("prepare() got the loaders of two balancers: train from one Balancer")
-            self.balancer = loader.balancer
-        if self.balancer is not None:
-            refuse_unsupported(self)
+        with refused_alike():
+            for loader in (a for a in args if isinstance(a, DataLoader)):
+                if self.balancer is not None and loader.balancer is not self.balancer:
+                    raise UsageError("prepare() got the loaders of two balancers: train from one Balancer")
+                self.balancer = loader.balancer
+            if self.balancer is not None:
+                refuse_unsupported(self)
         result = super().prepare(*args, device_placement=device_placement)
         wrapped = tuple(OnDevice(r, self) if isinstance(r, DataLoader) else r for r in _as_tuple(result, len(args)))
         return wrapped[0] if len(args) == 1 else wrapped
@@ -99,6 +101,7 @@ class Accelerator(accelerate.Accelerator):
             return super().prepare_model(model, device_placement=device_placement, evaluation_mode=evaluation_mode)
         if self.balancer is None:
             if self.num_processes > 1:
+                all_arrived()  # every process alike (bno_hvd.library.frameworks.refused_alike)
                 raise UsageError(
                     "bno.accelerate.Accelerator prepares a model for training together with the balancer's loader: "
                     "accelerator.prepare(model, optimizer, bno.DataLoader(train_set, sampler=balancer))"

@@ -47,6 +47,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.ddp import balance_ddp
 from bno_hvd.library.exact import exact
+from bno_hvd.library.frameworks import all_arrived
 from bno_hvd.library.frameworks.lightning_sitout import SAT_OUT, EpochEnd, prepare_first_update, sat_out_loss
 from bno_hvd.library.loader import prefetch_depth
 from bno_hvd.processes.world import exit_with_error, one_line_errors
@@ -276,7 +277,9 @@ class BalancedLoader:
 def refuse(message: str) -> None:
     """A refusal every rank finds alike inside Lightning's loop: rank 0 says it in one line at once
     (torchrun ends the other ranks as soon as one exits, Lightning's teardown runs first), and
-    every rank exits with 2, as a :class:`UsageError` would."""
+    every rank exits with 2, as a :class:`UsageError` would, once every rank has arrived (at most
+    60 s: :func:`~bno_hvd.library.frameworks.refused_alike`)."""
+    all_arrived()
     exit_with_error(message, UsageError.exit_code)
 
 

@@ -42,6 +42,7 @@ from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.ddp import balance_ddp
 from bno_hvd.library.dropin import DataLoader
+from bno_hvd.library.frameworks import refused_alike
 from bno_hvd.processes.world import one_line_errors
 
 __all__ = ["BalancedTrainer"]
@@ -121,39 +122,20 @@ class BalancedTrainer(transformers.Trainer):
         return model, train_dataloader
 
     def _balancer(self) -> Balancer:
-        try:
-            return self._checked_balancer()
-        except UsageError:  # found by every process alike, before any collective: none leaves while
-            _all_arrived()  # another still connects its Gloo mesh (it would fail with a traceback)
-            raise
-
-    def _checked_balancer(self) -> Balancer:
-        refuse_unsupported(self)
-        dataset, options = self.train_dataset, dict(self.balance)
-        lengths = options.pop("lengths")
-        lengths = getattr(dataset, "lengths", None) if lengths is None else lengths
-        if lengths is None:
-            raise UsageError(
-                "BalancedTrainer needs each training sequence's predictions: BalancedTrainer(..., lengths=[...]) "
-                "(its labels that are not -100, after the shift), or a train_dataset with .lengths"
-            )
-        check_first_sequences(self, dataset, lengths)
+        with refused_alike():
+            refuse_unsupported(self)
+            dataset, options = self.train_dataset, dict(self.balance)
+            lengths = options.pop("lengths")
+            lengths = getattr(dataset, "lengths", None) if lengths is None else lengths
+            if lengths is None:
+                raise UsageError(
+                    "BalancedTrainer needs each training sequence's predictions: BalancedTrainer(..., "
+                    "lengths=[...]) (its labels that are not -100, after the shift), or a train_dataset with .lengths"
+                )
+            check_first_sequences(self, dataset, lengths)
         strategy = options.pop("strategy")
         batch = self.args.per_device_train_batch_size
         return Balancer.for_world(dataset, batch, strategy, seed=self.args.seed, lengths=lengths, **options)
-
-
-def _all_arrived(seconds: float = 60.0) -> None:
-    """Wait (at most ``seconds``) until every process has reached this point; best effort."""
-    import datetime
-
-    import torch.distributed as dist
-
-    try:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds))
-    except Exception:  # noqa: BLE001 - a process that did not come: the error is raised anyway
-        pass
 
 
 def check_predictions(trainer, labels, lengths: int) -> None:

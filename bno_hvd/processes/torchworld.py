@@ -171,7 +171,7 @@ def start_torch(device: str = "auto", collectives: str = "auto") -> tuple:
     notes = [n for n in [arrange_for_shared_cores()] if n]
     keep_freed_memory()  # no page faults on every update's activations (bno_hvd/processes/heap.py)
     backend = backend_for(device, collectives)
-    launch = init_process_group(backend)
+    launch = init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else backend)  # CPU tensors too (evaluation)
     if launch == "mpi":
         from mpi4py import MPI
 

@@ -123,7 +123,8 @@ CELLS = {
         f"{LIB}test_sit_out.py::test_a_rank_sits_out_comes_back_and_training_stays_exact[horovod]"
     ),
     ("train", "lossscale"): GpuOnly(
-        "`--amp`'s GradScaler (float16) runs on GPUs only: `launch/gpu-check`",
+        "`--amp`'s GradScaler (float16) runs on GPUs only, and the GPU check's machine has no Horovod "
+        "(the torch engine's twin ran there)",
         f"{LIB}test_exact_library.py::test_the_loss_scale_travels_with_a_rank_back_from_sitting_out",
     ),
     ("train-torch", "dropout"): Test(
@@ -141,9 +142,9 @@ CELLS = {
     ("train-torch", "sitout"): Test(
         f"{LIB}test_sit_out.py::test_a_rank_sits_out_comes_back_and_training_stays_exact[torch]"
     ),
-    ("train-torch", "lossscale"): GpuOnly(
-        "`--amp`'s GradScaler (float16) runs on GPUs only: `launch/gpu-check`",
-        f"{LIB}test_exact_library.py::test_the_loss_scale_travels_with_a_rank_back_from_sitting_out",
+    ("train-torch", "lossscale"): Test(
+        f"{LIB}test_exact_cuda.py::test_the_loss_scale_travels_with_a_rank_back_on_cuda",
+        "float16 on CUDA, rank 3 out while the scale doubles; ran on an H200 in the GPU check, 2026-11-29",
     ),
 }
 

@@ -178,7 +178,8 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
 
     Args:
         model: the ``nn.Module`` whose ``BatchNorm1d/2d/3d`` (and ``SyncBatchNorm``) layers are
-            replaced in place; parameters, buffers and ``state_dict`` keys stay the same.
+            replaced in place; parameters, buffers and ``state_dict`` keys stay the same. Layers
+            converted before (by an earlier call) follow ``balancer`` from now on.
         balancer: the :class:`~bno_hvd.Balancer` whose batches the model trains on (each
             update's split: who computes, this rank's rows).
         process_sets: the ``bno_hvd.processes.sitsets.SitOutSets`` of a loop in which ranks with
@@ -228,7 +229,10 @@ def exact_batchnorm(model: nn.Module, balancer, *, process_sets=None) -> nn.Modu
         balancer.models.append(model)  # its buffers travel to a rank back from sitting out (library/sitout.py)
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm)]
     for index, (name, layer) in enumerate(layers):
-        if isinstance(layer, GlobalBatchNorm) or not name:  # converted already; or the model is one layer
+        if isinstance(layer, GlobalBatchNorm):  # converted already: it follows this balancer now (a new
+            layer.context = context  # generation of bno.elastic, whose balancer spans the new members)
+            continue
+        if not name:  # the model is one layer
             continue
         if isinstance(layer, nn.modules.lazy.LazyModuleMixin) and layer.has_uninitialized_params():
             raise UsageError(

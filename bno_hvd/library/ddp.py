@@ -197,10 +197,18 @@ def _sit_out_beside_ddp(balancer, ddp, state) -> None:
         if all(id(p) in mine for group in optimizer.param_groups for p in group["params"]):
             sit_out.note_optimizer(optimizer)
 
-    _KEPT_HOOKS.append(register_optimizer_step_pre_hook(seen))
+    while_alive(ddp, [register_optimizer_step_pre_hook(seen)])
 
 
-_KEPT_HOOKS: list = []  # the global optimizer hooks of the DDP drop-ins, for as long as the process lives
+def while_alive(ddp, handles) -> None:
+    """Remove the hooks of ``handles`` once ``ddp`` is gone (a DDP model of an earlier generation of
+    ``bno.elastic``, on the same parameters: its hooks would stay, each a no-op, on every step)."""
+    weakref.finalize(ddp, _remove, handles)
+
+
+def _remove(handles) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _weight(balancer) -> float:
@@ -223,10 +231,8 @@ class _StepEnds:
         self.balancer, self._queued = balancer, False
         self.params = {id(p) for p in ddp.module.parameters()}
         ddp.register_forward_pre_hook(self._check)
-        for p in ddp.module.parameters():
-            if p.requires_grad:
-                p.register_hook(self._first_gradient)
-        _KEPT_HOOKS.append(register_optimizer_step_post_hook(self._stepped))
+        hooks = [p.register_hook(self._first_gradient) for p in ddp.module.parameters() if p.requires_grad]
+        while_alive(ddp, [*hooks, register_optimizer_step_post_hook(self._stepped)])
 
     def _stepped(self, optimizer, args, kwargs):
         mine = all(id(p) in self.params for group in optimizer.param_groups for p in group["params"])

@@ -21,6 +21,7 @@ from test_elastic import recoveries
 from bno_hvd.common.errors import UsageError
 
 ELASTIC_EXAMPLE = f"{ROOT}/examples/ddp_elastic.py"
+WITH_BATCHNORM = "tests/support/mpi_scripts/with_batchnorm.py"  # the example's Net with BatchNorm2d
 TRAIN, GLOBAL = 2000, 16  # 125 updates of 16 per epoch
 ARGS = ["--strategy", "random", "--rebalance-every", "1", "--seed", "5", "--log-interval", "50"]
 
@@ -36,22 +37,24 @@ def one_process(tmp_path_factory, data):
     0.01), for a number of epochs: its final parameters."""
     made = {}
 
-    def reference(epochs):
-        if epochs not in made:
+    def reference(epochs, batchnorm=False):
+        if (epochs, batchnorm) not in made:
             out = tmp_path_factory.mktemp("ddp-elastic-one")
             args = [*ARGS, "--epochs", str(epochs), "--data-dir", data, "--batch-size", str(GLOBAL), "--lr", "0.04"]
-            cmd = ["tests/support/run_port.py", str(out), DDP_EXAMPLE, *args]
+            script = [WITH_BATCHNORM, DDP_EXAMPLE] if batchnorm else [DDP_EXAMPLE]  # torch's own BatchNorm
+            cmd = ["tests/support/run_port.py", str(out), *script, *args]
             assert_ok(mpirun(1, python_cmd("-m", "bno_hvd.processes.torchenv", *cmd), timeout=300))
-            made[epochs] = saved_model(out / "model.pt")
-        return made[epochs]
+            made[epochs, batchnorm] = saved_model(out / "model.pt")
+        return made[epochs, batchnorm]
 
     return reference
 
 
-def elastic_job(tmp_path, data, nproc, epochs):
+def elastic_job(tmp_path, data, nproc, epochs, batchnorm=False):
     out = tmp_path / "out"
     out.mkdir()
-    script = [sys.executable, "tests/support/run_port.py", str(out), ELASTIC_EXAMPLE, *ARGS, "--data-dir", data]
+    example = [WITH_BATCHNORM, "--exact", ELASTIC_EXAMPLE] if batchnorm else [ELASTIC_EXAMPLE]  # bno.exact
+    script = [sys.executable, "tests/support/run_port.py", str(out), *example, *ARGS, "--data-dir", data]
     script += ["--epochs", str(epochs)]
     script += ["--batch-size", "4", "--global-batch", str(GLOBAL), "--lr", "0.01", "--elastic-timeout", "5"]
     script += ["--log-dir", str(tmp_path / "elastic")]
@@ -102,6 +105,20 @@ def test_a_worker_joins_then_rank_0_leaves_and_the_ddp_script_stays_exact(tmp_pa
     assert members[0] == (0, 1) and len(set(members)) == 3 and members[-1] == (1, 2), sorted(set(members))
     joined = members.index((0, 1, 2))
     assert all(e["sizes"][2] > 0 for e in entries[joined : members.index((1, 2))])  # the newcomer computes at once
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+def test_batchnorm_through_bno_elastic_stays_exact_across_a_kill_and_a_join(tmp_path, data, one_process):
+    """``bno.exact`` in the elastic script (its Net with BatchNorm2d, made exact again in each
+    generation): the batch statistics span the generation's members, and a joiner receives the
+    running statistics with the parameters. Torch's own BatchNorm in the same job: 0.92."""
+    schedule = [(40, "kill", 2), (100, "join", None)]
+    job = elastic_job(tmp_path, data, 4, epochs=2, batchnorm=True)  # 250 updates
+    job.run_schedule(schedule)
+    entries = check_job(job, one_process(2, batchnorm=True), schedule)
+    members = [tuple(e["members"]) for e in entries]
+    assert members[0] == (0, 1, 2, 3) and members[-1] == (0, 1, 3, 4), sorted(set(members))
 
 
 def test_the_elastic_port_is_the_ddp_port_moved_into_a_function_plus_its_marked_lines():

@@ -1,0 +1,46 @@
+"""The DDP drop-in's hooks on a model's parameters and on every optimizer's step live as long as
+its DDP model: ``bno.elastic`` builds a new one on the same parameters in each generation, and the
+hooks of the earlier ones, each a no-op by then, would otherwise stay and run on every step."""
+
+import pytest
+from support.jobs import assert_ok, torchrun
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = """
+import gc
+import torch, torch.distributed as dist
+import torch.optim.optimizer as optim
+import bno_hvd as bno
+
+dist.init_process_group("gloo")
+data = torch.utils.data.TensorDataset(torch.randn(48, 3), torch.randn(48, 1))
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+counts = []
+for generation in range(3):  # as bno.elastic's generations do: a new balancer and DDP model each time
+    sampler = bno.Balancer.for_world(data, 6, "random", seed=generation, sit_out=True)
+    ddp = bno.DistributedDataParallel(model, balancer=sampler)
+    for x, y in bno.DataLoader(data, sampler=sampler):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    counts.append((len(model.weight._backward_hooks), len(optim._global_optimizer_pre_hooks),
+                   len(optim._global_optimizer_post_hooks), sampler.update))
+    del ddp, sampler
+    gc.collect()
+print(f"rank {dist.get_rank()}: hooks per generation {counts}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_hooks_of_a_ddp_model_go_with_it(tmp_path):
+    script = tmp_path / "generations.py"
+    script.write_text(SCRIPT)
+    proc = torchrun(2, [str(script)], timeout=120)
+    assert_ok(proc)
+    for rank in range(2):
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(f"rank {rank}:"))
+        counts = eval(line.split("generation ")[1])  # noqa: S307 - our own script's list of tuples
+        assert counts[0][3] == 4 and len(set(counts)) == 1, counts  # trained each time; no hook left over
+        assert counts[0][:3] == (1, 1, 1), counts  # one of each: the step's ends, sit-out's, its last step

@@ -69,10 +69,17 @@ class TrainingError(RuntimeError):
             train(model, optimizer, train_loader)
         except bno.TrainingError as err:
             print(f"stopped: {err}")
+
+    Args:
+        message: the one line.
+        rank: the rank that alone found it, and prints it (None: every rank did; rank 0 prints it).
     """
 
     exit_code = 1
-    rank = None
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 def check_invariant(holds: bool, what: str) -> None:

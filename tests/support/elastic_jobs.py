@@ -100,7 +100,7 @@ class ElasticJob:
 
     def run_schedule(self, schedule) -> None:
         for at, kind, target in schedule:
-            if not self.wait_updates(at):
+            if not self.wait_updates(at) or self.proc.poll() is not None:  # (it may end right after update `at`)
                 self.events.append(f"job ended before update {at}")
                 return
             gens = len(self.generations())

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from support.checks import max_relative_difference
-from support.elastic_jobs import ElasticJob, committed
+from support.elastic_jobs import ElasticJob, committed, random_schedule
 from support.jobs import FASHION_DIR, ROOT, assert_ok, mpi_env, mpirun, python_cmd, run_cli
 from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_markers
 from support.run_port import write_fashion_subset
@@ -50,14 +50,19 @@ def one_process(tmp_path_factory, data):
     return reference
 
 
-def elastic_job(tmp_path, data, nproc, epochs, batchnorm=False):
-    out = tmp_path / "out"
-    out.mkdir()
+def script_command(out, data, epochs, log, batchnorm=False) -> list[str]:
+    """A worker's command: the example under tests/support/run_port.py (rank 0 saves ``out/model.pt``)."""
     example = [WITH_BATCHNORM, "--exact", ELASTIC_EXAMPLE] if batchnorm else [ELASTIC_EXAMPLE]  # bno.exact
     script = [sys.executable, "tests/support/run_port.py", str(out), *example, *ARGS, "--data-dir", data]
     script += ["--epochs", str(epochs)]
     script += ["--batch-size", "4", "--global-batch", str(GLOBAL), "--lr", "0.01", "--elastic-timeout", "5"]
-    script += ["--log-dir", str(tmp_path / "elastic")]
+    return [*script, "--log-dir", str(log)]
+
+
+def elastic_job(tmp_path, data, nproc, epochs, batchnorm=False):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = script_command(out, data, epochs, tmp_path / "elastic", batchnorm)
     job = ElasticJob(tmp_path, data, nproc=nproc, script=script, timeout=150)
     job.model, job.epochs = out / "model.pt", epochs
     return job
@@ -119,6 +124,20 @@ def test_batchnorm_through_bno_elastic_stays_exact_across_a_kill_and_a_join(tmp_
     entries = check_job(job, one_process(2, batchnorm=True), schedule)
     members = [tuple(e["members"]) for e in entries]
     assert members[0] == (0, 1, 2, 3) and members[-1] == (0, 1, 3, 4), sorted(set(members))
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+@pytest.mark.parametrize("seed", range(20))
+def test_the_fault_matrix_on_the_ddp_script(seed, tmp_path, data, one_process):
+    """The 20 seeded schedules of ``--elastic``'s matrix (tests/training/test_elastic_matrix.py:
+    kills, two at once, rank 0, during a re-formation, leaves, joins, a rank that rejoins) on the
+    script of ``bno.elastic``, 3 epochs (375 updates: a joiner starts, seconds, before the end)."""
+    schedule = random_schedule(seed, 3 * TRAIN // GLOBAL)
+    job = elastic_job(tmp_path, data, 4, epochs=3)
+    job.run_schedule(schedule)
+    entries = check_job(job, one_process(3), schedule)
+    print(f"seed {seed}: {job.events}; recoveries {[round(t, 2) for t in recoveries(job, entries)]} s")
 
 
 def test_the_elastic_port_is_the_ddp_port_moved_into_a_function_plus_its_marked_lines():

@@ -135,3 +135,22 @@ def test_the_agents_flags_for_several_nodes_are_checked_in_one_line(agent, messa
     proc = run_cli("elastic", "-n", "2", *agent, "--", "train", "--engine", "torch", "--global-batch", "16")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"bno-hvd: error: {message}"), proc.stderr
+
+
+def test_a_workers_own_elastic_error_names_the_worker():
+    """A worker that alone sees the agent fall silent says so itself (``bno-hvd: error: worker N:``):
+    the error carries its id (in a real torch store; a TypeError until 2026-11-29, found by the
+    DDP script's fault matrix, seed 13)."""
+    import torch.distributed as dist
+
+    from bno_hvd.common.errors import TrainingError
+    from bno_hvd.processes.membership import Membership
+
+    store = dist.HashStore()
+    store.set("gen", "0")
+    store.set("gen/0", "[0, 3]")
+    membership = Membership("127.0.0.1:1", 3, store=store)
+    assert membership.wait_newer(-1, 1.0) == (0, [0, 3])
+    with pytest.raises(TrainingError, match="no new membership from the agent within 0.05 s") as err:
+        membership.wait_newer(0, 0.05)
+    assert err.value.rank == 3

@@ -19,6 +19,7 @@ from support.elastic_jobs import GLOBAL, committed, reference
 from support.jobs import ROOT, kill_tree, mpi_env, run_cli
 from support.netns import NetnsCluster, NetnsError, run, unavailable_reason
 from support.train_runs import saved_model, train_args
+from test_ddp_elastic import data, one_process, script_command  # noqa: F401 - the fixtures
 
 pytestmark = [pytest.mark.mpi, pytest.mark.root]
 
@@ -43,11 +44,12 @@ def hosts():
     assert not left, f"left behind: {left}"
 
 
-def start_agent(net, tmp_path, data, host: int, node: int) -> subprocess.Popen:
-    """Node ``node``'s agent on host ``host``, two workers; Gloo on the host's own link (GLOO_SOCKET_IFNAME)."""
-    flags = ["--engine", "torch", "--data-dir", data, "--global-batch", str(GLOBAL), "--strategy", "random"]
+def start_agent(net, tmp_path, data_dir, host: int, node: int, args=None) -> subprocess.Popen:
+    """Node ``node``'s agent on host ``host``, two workers; Gloo on the host's own link
+    (GLOO_SOCKET_IFNAME). ``args``: the workers' command (default: ``bno-hvd train --elastic``)."""
+    flags = ["--engine", "torch", "--data-dir", data_dir, "--global-batch", str(GLOBAL), "--strategy", "random"]
     flags += ["--rebalance-every", "1", "--elastic-timeout", "5"]
-    args = train_args(tmp_path / "elastic.pt", tmp_path / "log", *flags, updates=UPDATES)
+    args = args or train_args(tmp_path / "elastic.pt", tmp_path / "log", *flags, updates=UPDATES)
     cmd = ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "bno_hvd", "elastic", "-n", "2"]
     cmd += ["--nnodes", "2", "--node-rank", str(node), "--store", f"{net.addresses[0]}:{PORT}", "--timeout", "200"]
     env = mpi_env({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": f"{net.host_links[host]}n"})
@@ -55,8 +57,8 @@ def start_agent(net, tmp_path, data, host: int, node: int) -> subprocess.Popen:
     return subprocess.Popen([*cmd, "--", *args], stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
 
 
-def start_agents(net, tmp_path, data) -> list[subprocess.Popen]:
-    return [start_agent(net, tmp_path, data, host, host) for host in range(2)]
+def start_agents(net, tmp_path, data_dir, args=None) -> list[subprocess.Popen]:
+    return [start_agent(net, tmp_path, data_dir, host, host, args) for host in range(2)]
 
 
 def kill_host(net, host: int) -> None:
@@ -113,6 +115,35 @@ def test_a_job_loses_a_host_then_one_joins_and_its_update_stays_exact(hosts, tmp
     entries = committed(log)
     assert any(1 in e["sizes"] for e in entries), "no rank ever had a single sample"
     diff = max_relative_difference(saved_model(tmp_path / "elastic.pt"), one)
+    assert diff <= 1e-10, f"max relative difference {diff:.3e}\n{err[-3000:]}"
+
+
+@pytest.mark.alone
+def test_a_script_of_bno_elastic_loses_a_host_then_one_joins_and_stays_exact(hosts, tmp_path, data, one_process):  # noqa: F811
+    """The same on the script path: ``examples/ddp_elastic.py`` (``bno.elastic``) as each agent's
+    workers, 3 epochs of 2000 samples (375 updates); equal to the plain port in one process."""
+    (tmp_path / "out").mkdir()
+    command = script_command(tmp_path / "out", data, 3, tmp_path / "log")
+    agents = start_agents(hosts, tmp_path, data, command)
+    log = tmp_path / "log"
+    try:
+        assert wait_for(lambda: len(committed(log)) >= 40, 180), "the job did not get going"
+        kill_host(hosts, 1)
+        assert wait_for(lambda: "ended (node 1 lost)" in (tmp_path / "agent0.err").read_text(), 60), "no loss seen"
+        agents.append(start_agent(hosts, tmp_path, data, 1, 2, command))
+        codes = finish(agents)
+    finally:
+        for proc in agents:
+            kill_tree(proc)
+    err = (tmp_path / "agent0.err").read_text()
+    assert codes[0] == 0 and codes[2] == 0, f"{codes}\n{err[-3000:]}"
+    check = run_cli("ledger", "check", str(log))
+    assert check.returncode == 0 and check.stdout.startswith("ledger ok: 375 updates"), f"{check}\n{err[-3000:]}"
+    sizes = [len(e["members"]) for e in committed(log)]
+    assert sizes[0] == 4 and 2 in sizes, sorted(set(sizes))  # 4, then 2 (then 4 again, if the join came in time)
+    lost = sizes.index(2)
+    print(f"members per update: 4 x {lost}, 2 x {sizes.count(2)}, 4 again x {sizes[lost:].count(4)}")
+    diff = max_relative_difference(saved_model(tmp_path / "out" / "model.pt"), one_process(3))
     assert diff <= 1e-10, f"max relative difference {diff:.3e}\n{err[-3000:]}"
 
 

@@ -90,23 +90,31 @@ def finish(agents, limit: float = 240) -> list[int]:
     return codes
 
 
-@pytest.mark.alone  # a lost host is told by its silence: no other test's load beside it
-def test_a_job_loses_a_host_then_one_joins_and_its_update_stays_exact(hosts, tmp_path, fashion_dir, tmp_path_factory):
-    """Host 1 dies whole; then a new agent on host 1 (node 2: a machine lent again) joins with two workers."""
-    one = saved_model(reference(tmp_path_factory.mktemp("hosts-one"), fashion_dir, UPDATES))
-    agents = start_agents(hosts, tmp_path, fashion_dir)
-    log = tmp_path / "log"
+def lose_host_1_then_one_joins(net, tmp_path, data_dir, args=None) -> str:
+    """Two agents; once 40 updates are committed, host 1 dies whole; when node 0's agent has seen it,
+    a new agent on host 1 (node 2: a machine lent again) joins with two workers. Both agents left
+    must exit 0; returns node 0's agent's stderr."""
+    agents = start_agents(net, tmp_path, data_dir, args)
     try:
-        assert wait_for(lambda: len(committed(log)) >= 40, 180), "the job did not get going"
-        kill_host(hosts, 1)
+        assert wait_for(lambda: len(committed(tmp_path / "log")) >= 40, 180), "the job did not get going"
+        kill_host(net, 1)
         assert wait_for(lambda: "ended (node 1 lost)" in (tmp_path / "agent0.err").read_text(), 60), "no loss seen"
-        agents.append(start_agent(hosts, tmp_path, fashion_dir, 1, 2))
+        agents.append(start_agent(net, tmp_path, data_dir, 1, 2, args))
         codes = finish(agents)
     finally:
         for proc in agents:
             kill_tree(proc)
     err = (tmp_path / "agent0.err").read_text()
     assert codes[0] == 0 and codes[2] == 0, f"{codes}\n{err[-3000:]}"
+    return err
+
+
+@pytest.mark.alone  # a lost host is told by its silence: no other test's load beside it
+def test_a_job_loses_a_host_then_one_joins_and_its_update_stays_exact(hosts, tmp_path, fashion_dir, tmp_path_factory):
+    """Host 1 dies whole; then a new agent on host 1 (node 2: a machine lent again) joins with two workers."""
+    one = saved_model(reference(tmp_path_factory.mktemp("hosts-one"), fashion_dir, UPDATES))
+    err = lose_host_1_then_one_joins(hosts, tmp_path, fashion_dir)
+    log = tmp_path / "log"
     check = run_cli("ledger", "check", str(log))
     assert check.returncode == 0, f"{check.stderr}\n{err[-3000:]}"
     assert check.stdout.startswith(f"ledger ok: {UPDATES} updates used {UPDATES * GLOBAL} samples"), check.stdout
@@ -124,19 +132,8 @@ def test_a_script_of_bno_elastic_loses_a_host_then_one_joins_and_stays_exact(hos
     workers, 3 epochs of 2000 samples (375 updates); equal to the plain port in one process."""
     (tmp_path / "out").mkdir()
     command = script_command(tmp_path / "out", data, 3, tmp_path / "log")
-    agents = start_agents(hosts, tmp_path, data, command)
+    err = lose_host_1_then_one_joins(hosts, tmp_path, data, command)
     log = tmp_path / "log"
-    try:
-        assert wait_for(lambda: len(committed(log)) >= 40, 180), "the job did not get going"
-        kill_host(hosts, 1)
-        assert wait_for(lambda: "ended (node 1 lost)" in (tmp_path / "agent0.err").read_text(), 60), "no loss seen"
-        agents.append(start_agent(hosts, tmp_path, data, 1, 2, command))
-        codes = finish(agents)
-    finally:
-        for proc in agents:
-            kill_tree(proc)
-    err = (tmp_path / "agent0.err").read_text()
-    assert codes[0] == 0 and codes[2] == 0, f"{codes}\n{err[-3000:]}"
     check = run_cli("ledger", "check", str(log))
     assert check.returncode == 0 and check.stdout.startswith("ledger ok: 375 updates"), f"{check}\n{err[-3000:]}"
     sizes = [len(e["members"]) for e in committed(log)]

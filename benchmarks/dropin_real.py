@@ -48,6 +48,7 @@ from bno_hvd.lab.userscripts import (  # noqa: E402
     TABLE_HEAD,
     TWIN_OF,
     format_rows,
+    stamps_cpu,
     stamps_rate,
     summarize,
     variants,
@@ -92,10 +93,14 @@ def main() -> int:
                 for label in order:
                     variant = next(v for v in runs if f"{v.kind}/{v.name}" == label)
                     where = os.path.join(out, profile.name, f"round{r}", label.replace("/", "-").replace(":", "-"))
-                    steps = run(variant, where, twins, data, confined, args.warmup + args.updates)
+                    steps, cpu = run(variant, where, twins, data, confined, args.warmup + args.updates)
                     rate = stamps_rate(steps, RANKS * PER_RANK.get(variant.kind, BATCH), args.warmup)
                     rates[(variant.kind, variant.name)].append(rate)
-                    print(f"{profile.name} round {r}: {label} {rate:.1f} samples/s ({len(steps)} updates)", flush=True)
+                    print(
+                        f"{profile.name} round {r}: {label} {rate:.1f} samples/s ({len(steps)} updates; "
+                        f"rank 0's CPU {stamps_cpu(cpu, args.warmup):.1f} ms per update)",
+                        flush=True,
+                    )
         results["profiles"][profile.name] = {"label": profile.label(), "scripts": {}}
         for kind in kinds:
             table = summarize({name: v for (k, name), v in rates.items() if k == kind})
@@ -142,8 +147,8 @@ def script_args(variant, data: str, updates: int, where: str) -> list[str]:
     return [*args, "--log-interval", "1000000", *variant.args]
 
 
-def run(variant, where: str, twins: dict, data: str, confined: dict, updates: int) -> list[float]:
-    """One job of ``variant``; rank 0's step times (empty if the job failed)."""
+def run(variant, where: str, twins: dict, data: str, confined: dict, updates: int) -> tuple[list, list]:
+    """One job of ``variant``; rank 0's step times and CPU times (empty if the job failed)."""
     os.makedirs(where)
     script = twins[variant.kind] if variant.script == "twin" else os.path.join(ROOT, variant.script)
     inner = ["python", "-m", "bno_hvd.lab.confine", "python", "-m", "bno_hvd.lab.stamps", where, script]
@@ -170,9 +175,10 @@ def run(variant, where: str, twins: dict, data: str, confined: dict, updates: in
     stamps = os.path.join(where, "stamps-0.json")
     if not os.path.exists(stamps):
         print(f"dropin_real: {variant.kind}/{variant.name} failed; see {where}/output.txt", file=sys.stderr)
-        return []
+        return [], []
     with open(stamps) as fh:
-        return json.load(fh)["steps"]
+        stamped = json.load(fh)
+    return stamped["steps"], stamped["cpu"]
 
 
 def commit() -> str:

@@ -2,10 +2,12 @@
 
 ``python -m bno_hvd.lab.stamps OUT SCRIPT [ARGS]`` runs ``SCRIPT`` unchanged (as ``__main__``) with
 global optimizer step hooks (torch's public ``register_optimizer_step_pre_hook`` / ``_post_hook``)
-that note the wall time (``time.perf_counter``) at the end of every outermost ``optimizer.step()``
-(Horovod's ``DistributedOptimizer.step`` calls the wrapped optimizer's, whose hooks run too). When
-the script is done the rank writes ``OUT/stamps-RANK.json`` (``{"rank", "steps": [seconds, ...]}``)
-and then ``OUT/done-RANK``: what follows is the process's exit. A DDP script that calls
+that note the wall time (``time.perf_counter``) and the process's CPU time (``time.process_time``:
+every thread of the rank, Gloo's and the loader's too; what a CFS quota rations) at the end of
+every outermost ``optimizer.step()`` (Horovod's ``DistributedOptimizer.step`` calls the wrapped
+optimizer's, whose hooks run too). When the script is done the rank writes
+``OUT/stamps-RANK.json`` (``{"rank", "steps": [seconds, ...], "cpu": [seconds, ...]}``) and then
+``OUT/done-RANK``: what follows is the process's exit. A DDP script that calls
 ``destroy_process_group()`` while its model lives can hang there in Gloo's teardown
 (pytorch/pytorch#56297): the hook keeps the default group from the first step on, so that its last
 reference is this module's, dropped from Python after the done file (as tests/support/run_port.py
@@ -33,6 +35,7 @@ def main(argv: list[str]) -> int:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     steps: list[float] = []
+    cpu: list[float] = []  # the process's CPU seconds at the same moments: what a CFS quota rations
     kept = []  # the default process group, once a step ran (see the module doc)
     depth = [0]  # steps in progress: Horovod's optimizer.step() runs the inner optimizer's step (hooked too)
 
@@ -43,6 +46,7 @@ def main(argv: list[str]) -> int:
         depth[0] -= 1
         if depth[0] == 0:  # the outermost step ended: one update
             steps.append(time.perf_counter())
+            cpu.append(time.process_time())
         if not kept and dist.is_available() and dist.is_initialized():
             kept.append(dist.group.WORLD)
 
@@ -55,7 +59,7 @@ def main(argv: list[str]) -> int:
             raise
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     with open(os.path.join(out, f"stamps-{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "steps": steps}, fh)
+        json.dump({"rank": rank, "steps": steps, "cpu": cpu}, fh)
     open(os.path.join(out, f"done-{rank}"), "w").close()
     for handle in handles:
         handle.remove()

@@ -75,6 +75,14 @@ def stamps_rate(steps: list[float], global_batch: int, warmup: int) -> float:
     return (len(steps) - warmup) * global_batch / seconds if seconds > 0 else math.nan
 
 
+def stamps_cpu(cpu: list[float], warmup: int) -> float:
+    """The rank's CPU milliseconds per update (every thread; what a CFS quota rations) over the
+    updates :func:`stamps_rate` times."""
+    if warmup < 1 or len(cpu) <= warmup:
+        return math.nan
+    return 1000 * (cpu[-1] - cpu[warmup - 1]) / (len(cpu) - warmup)
+
+
 def summarize(rates: dict[str, list[float]], seed: int = 0) -> dict[str, dict]:
     """Per variant: its rates per round, its paired ratios to the plain script with their median
     and 95% interval (:func:`bno_hvd.lab.pairing.comparison`)."""

@@ -11,7 +11,17 @@ import sys
 import pytest
 from support.jobs import ROOT
 
-from bno_hvd.lab.userscripts import PER_RANK, PLAIN, SCRIPTS, TWIN_OF, format_rows, stamps_rate, summarize, variants
+from bno_hvd.lab.userscripts import (
+    PER_RANK,
+    PLAIN,
+    SCRIPTS,
+    TWIN_OF,
+    format_rows,
+    stamps_cpu,
+    stamps_rate,
+    summarize,
+    variants,
+)
 
 
 def test_the_rate_counts_the_updates_after_the_warm_up():
@@ -19,6 +29,8 @@ def test_the_rate_counts_the_updates_after_the_warm_up():
     assert stamps_rate(steps, 128, 2) == pytest.approx(4 * 128 / 2.5)  # updates 2..5, from the end of update 1
     assert math.isnan(stamps_rate(steps[:2], 128, 2)) and math.isnan(stamps_rate(steps, 128, 0))
     assert math.isnan(stamps_rate([1.0, 1.0, 1.0], 128, 1))  # no time passed: no rate
+    assert stamps_cpu([0.5, 1.0, 1.25, 1.5], 2) == pytest.approx(250.0)  # ms per update over updates 2..3
+    assert math.isnan(stamps_cpu([0.5, 1.0], 2))
 
 
 def test_each_kind_runs_its_plain_twin_and_its_port_per_strategy():
@@ -72,4 +84,5 @@ def test_stamps_time_every_step_of_a_script_that_ends_as_it_likes(tmp_path, end,
         return
     stamps = json.loads((tmp_path / "stamps-0.json").read_text())
     assert stamps["rank"] == 0 and len(stamps["steps"]) == 5 and stamps["steps"] == sorted(stamps["steps"])
+    assert len(stamps["cpu"]) == 5 and stamps["cpu"] == sorted(stamps["cpu"]) and stamps["cpu"][0] > 0
     assert (tmp_path / "done-0").exists()

@@ -5,7 +5,8 @@ Four ranks under torchrun; rank 3 exits while ranks 0-2 are in a collective. Ran
 ring neighbours) fail at once; rank 1 waits for a message from one of them. When they fail and then
 destroy their groups, their Gloo connections close and rank 1 fails at once too. Where the failed
 collective was a DDP model's gradient allreduce, torch keeps the failed rank's group alive after
-``destroy_process_group()`` and the DDP model's deletion (its Gloo threads stay), so rank 1 waits
+``destroy_process_group()`` and the DDP model's deletion (its Gloo threads stay; by hand: so it does
+for any group a DDP model was built on, and nothing Python can see holds it), so rank 1 waits
 for its whole timeout: the 5 s recoveries of a ``bno.elastic`` script. Pure torch, no bno-hvd code:
 if a torch release frees that group, the ``ddp`` case fails and docs/elastic.md's note can go.
 """

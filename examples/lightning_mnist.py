@@ -33,6 +33,7 @@ def parse_args():
     parser.add_argument("--devices", type=int, default=4, help="ranks on this machine [4]")
     parser.add_argument("--epochs", type=int, default=2, help="passes over the training set [2]")
     parser.add_argument("--max-steps", type=int, default=-1, help="stop after this many updates [-1: none]")
+    parser.add_argument("--sync-batchnorm", action="store_true", help="BatchNorm over every rank's batch")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate [0.05]")
     parser.add_argument("--seed", type=int, default=42, help="seeds the initial weights and the shuffle [42]")
     parser.add_argument("--log-dir", default="lightning_logs", help="the CSV logger's folder [lightning_logs]")
@@ -118,6 +119,7 @@ def main():
         max_steps=args.max_steps,
         logger=CSVLogger(args.log_dir),
         log_every_n_steps=1,
+        sync_batchnorm=args.sync_batchnorm,  # Lightning's SyncBatchNorm (the port's BatchNorm is exact either way)
         callbacks=[checkpoints] if every else [],
         enable_checkpointing=bool(every),
         enable_progress_bar=False,

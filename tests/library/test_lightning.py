@@ -7,6 +7,7 @@
   of the weighting hook (tests/support/unweighted.py) it does not;
 - Lightning's own launcher (``python script.py``: Lightning starts the ranks) runs it too and logs
   every rank's batch size through the Trainer's logger;
+- so does the script with Lightning's ``sync_batchnorm=True``;
 - a run resumed from a checkpoint taken mid-epoch equals the uninterrupted run;
 - what BalancedStrategy refuses is one ``bno-hvd: error:`` line and exit 2 on every rank.
 """
@@ -75,6 +76,21 @@ def test_4_uneven_ranks_equal_one_process_and_plain_ddp_reduction_does_not(tmp_p
     off = max_relative_difference(unweighted, single)
     print(f"lightning: plain DDP mean over ranks: max relative difference {off:.2e}")
     assert off > 1e-3
+
+
+@pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
+def test_lightnings_sync_batchnorm_under_the_strategy_stays_exact(tmp_path, data, one_process):
+    """``Trainer(sync_batchnorm=True)`` makes the BatchNorm a SyncBatchNorm before the strategy wraps
+    the model; ``bno.exact`` turns it into the global batch's exact BatchNorm (SyncBatchNorm's own
+    backward would not follow the weighting hook's frame)."""
+    _, single, _ = one_process
+    args = [*ARGS, "--data-dir", data, "--batch-size", "4", "--sync-batchnorm"]
+    _, multi, sizes = run_lightning(4, tmp_path / "four", args)
+    assert any(1 in s for s in zip(*sizes))
+    rel = max_relative_difference(multi, single)
+    print(f"lightning with sync_batchnorm: 4 ranks vs 1 process: max relative difference {rel:.2e}")
+    assert rel <= 1e-10
 
 
 @pytest.mark.mpi

@@ -43,6 +43,31 @@ def release_kept_groups() -> None:
     _KEPT_GROUPS[:] = [(model, group) for model, group in _KEPT_GROUPS if model() is not None]
 
 
+# Under bno.elastic (on CPUs) the gradients of each generation's DDP models go over a group that
+# DDP was not built on: the Balancer's control-plane group (collectives of every rank, called in the
+# same order on each: the allreduce completes within the backward, before any control message). A
+# Gloo group that a DDP model was built on outlives the model and destroy_process_group() (torch
+# 2.13: tests/processes/test_gloo_release.py), so a rank whose allreduce failed kept that group's
+# connections open and a survivor waiting on one of them waited its whole timeout. The plane's
+# group is dropped with the generation (release_generation_groups, TorchComm.close), which closes
+# its connections and fails such a wait at once.
+_GENERATION_STATES: list = []  # the WeightedAllreduce states whose group is the generation's own
+_generation = [False]  # inside a generation of bno.elastic: a new DDP drop-in's gradients get a group of their own
+
+
+def generation_groups(on: bool) -> None:
+    """Give the DDP drop-ins made from now on a gradient group of their own (``on``: a generation of
+    ``bno.elastic`` runs), or no longer."""
+    _generation[0] = on
+
+
+def release_generation_groups() -> None:
+    """Drop the gradient groups of the generation that ended (its DDP models no longer step)."""
+    for state in _GENERATION_STATES:
+        state.group = None
+    _GENERATION_STATES.clear()
+
+
 class WeightedAllreduce:
     """The hook's state: ``weight()`` is this rank's factor for the update under way; ``group``
     the process group of the gradients (None: the default group); ``current()``, if given, this
@@ -136,6 +161,10 @@ def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
     if "broadcast_buffers" not in ddp_options and not _loose_buffers(ddp.module):
         ddp.broadcast_buffers = False  # exact BatchNorm's buffers are equal on every rank: no sync point per forward
     state = WeightedAllreduce(lambda: _weight(balancer), ddp.process_group)
+    plane = getattr(balancer.control.plane.comm, "group", None)  # a TorchComm's Gloo group (under torchrun)
+    if _generation[0] and plane is not None and _on_cpu(ddp.module) and ddp.process_group == dist.GroupMember.WORLD:
+        state.group = plane  # of every rank, in the order every rank calls it: after each backward's
+        _GENERATION_STATES.append(state)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
     _KEPT_GROUPS.append((weakref.ref(ddp), ddp.process_group))
     finish_at_exit()  # the kept group freed at exit, not in the interpreter's finalization
@@ -144,6 +173,10 @@ def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
     if sit_out:
         _sit_out_beside_ddp(balancer, ddp, state)
     return ddp
+
+
+def _on_cpu(module) -> bool:
+    return all(p.device.type == "cpu" for p in module.parameters())
 
 
 def _may_sit_out(balancer, module, ddp_options: dict, early: bool = False) -> bool:

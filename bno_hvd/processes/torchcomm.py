@@ -102,6 +102,12 @@ class TorchComm:
     def Dup(self) -> TorchComm:  # noqa: N802
         return TorchComm()
 
+    def close(self) -> None:
+        """Drop this communicator's group (not collective): once nothing else holds it, its Gloo
+        connections close, and a peer still waiting on one fails at once instead of at its timeout
+        (an elastic generation that failed). The communicator is not used after."""
+        self.group = None
+
 
 def _default_timeout():
     """The default group's timeout (``init_process_group(timeout=)``), None where torch hides it."""

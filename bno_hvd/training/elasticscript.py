@@ -45,6 +45,7 @@ import signal
 import torch
 
 from bno_hvd.common.errors import UsageError
+from bno_hvd.library.ddp import generation_groups, release_generation_groups
 from bno_hvd.processes.membership import ID_ENV, STORE_ENV, JobDone, Membership
 from bno_hvd.processes.world import one_line_errors
 from bno_hvd.training.elastic import MembershipChange, generations, resume_stream
@@ -168,6 +169,14 @@ class State:
         self.started = True
 
     def _end_generation(self) -> None:
+        # the generation's groups go now (their connections close: a peer waiting on one fails at once):
+        # the DDP drop-ins' gradient groups, the Balancer's control plane and the world's
+        release_generation_groups()
+        comms = [] if self.balancer is None else [self.balancer.control.plane.comm]
+        comms += [] if self.world is None else [self.world.control_comm]
+        for comm in comms:
+            if hasattr(comm, "close"):
+                comm.close()
         if self.ledger is not None:
             self.ledger.close()
         self.ledger = self.world = None
@@ -207,7 +216,11 @@ def run(func):
         def attempt(world):
             state.world = world
             state._sync()
-            result = func(state, *args, **kwargs)
+            generation_groups(True)  # the DDP drop-ins of func: gradient groups that go with the generation
+            try:
+                result = func(state, *args, **kwargs)
+            finally:
+                generation_groups(False)
             state._end_generation()
             return result
 

@@ -51,13 +51,13 @@ def release_kept_groups() -> None:
 # connections open and a survivor waiting on one of them waited its whole timeout. The plane's
 # group is dropped with the generation (release_generation_groups, TorchComm.close), which closes
 # its connections and fails such a wait at once.
-_GENERATION_STATES: list = []  # the WeightedAllreduce states whose group is the generation's own
-_generation = [False]  # inside a generation of bno.elastic: a new DDP drop-in's gradients get a group of their own
+_GENERATION_STATES: list = []  # the WeightedAllreduce states whose group is a generation's control-plane group
+_generation = [False]  # inside a generation of bno.elastic: a new DDP drop-in's gradients go over the plane's group
 
 
 def generation_groups(on: bool) -> None:
-    """Give the DDP drop-ins made from now on a gradient group of their own (``on``: a generation of
-    ``bno.elastic`` runs), or no longer."""
+    """Send the gradients of the DDP drop-ins made from now on over their Balancer's control-plane
+    group (``on``: a generation of ``bno.elastic`` runs), or no longer."""
     _generation[0] = on
 
 
@@ -163,7 +163,7 @@ def _weigh(ddp, balancer, sit_out: bool, ddp_options: dict):
     state = WeightedAllreduce(lambda: _weight(balancer), ddp.process_group)
     plane = getattr(balancer.control.plane.comm, "group", None)  # a TorchComm's Gloo group (under torchrun)
     if _generation[0] and plane is not None and _on_cpu(ddp.module) and ddp.process_group == dist.GroupMember.WORLD:
-        state.group = plane  # of every rank, in the order every rank calls it: after each backward's
+        state.group = plane  # every rank's; the allreduce completes in the backward, before any control message
         _GENERATION_STATES.append(state)
     ddp.register_comm_hook(state, weighted_allreduce_hook)
     _KEPT_GROUPS.append((weakref.ref(ddp), ddp.process_group))

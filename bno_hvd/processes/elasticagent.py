@@ -5,7 +5,9 @@ It plays the part torchrun's agent plays for a torchrun job, the store and the w
 but it restarts nobody: a worker that ends (SIGKILL, a crash) is dropped from the next
 generation and the survivors re-form in their own processes; a worker asked to leave (SIGTERM)
 is dropped at an update boundary; ``SIGUSR1`` to the agent starts one more worker, which joins at
-the next update boundary once it has started. The agent sees a worker end at once (it is its
+the next update boundary once it has started. A generation its members could not form (``reform/<n>``:
+a timeout under load, a member late or paused) is published again with the members that arrived;
+one that did not joins again once it says it is ready. The agent sees a worker end at once (it is its
 child: no heartbeat to time out). It exits 0 when the workers of the last generation have all
 ended with 0 (the training finished), and 1, with one line, when fewer than ``min_ranks`` remain
 or ``timeout`` seconds pass. A worker that exits 2 found bad input (a :class:`UsageError`, which
@@ -35,6 +37,7 @@ from bno_hvd.processes.elasticnode import LOST_S, POLL_S, Node
 
 SETTLE_S = 0.05  # deaths this close together go into one generation (two ranks killed at once)
 BYE_S = 5.0  # how long node 0 waits for the other nodes to see the job's end
+MAX_REFORMS = 3  # the same workers' generation asked again this often in a row, then the job ends
 
 
 class ElasticAgent:
@@ -62,6 +65,7 @@ class ElasticAgent:
         self.members: list[int] = []
         self.generation = -1
         self.joining: list[int] = []  # started, not yet members
+        self.reforms = 0  # generations in a row re-published because the last did not form
         self.store = None
 
     def say(self, line: str) -> None:
@@ -166,17 +170,34 @@ class ElasticAgent:
                 return 1
             if len(ready) < self.nproc * self.nnodes:
                 return None
-        gone = set(ended) | set(leaving)
+        reform = self.generation >= 0 and self.store.check([f"reform/{self.generation}"])
+        absent = (
+            [w for w in self.members if not self.store.check([f"form{self.generation}/here/{w}"])] if reform else []
+        )
+        gone = set(ended) | set(leaving) | set(absent)
         kept = [w for w in self.members if w not in gone]
         ready = ready[: max(0, self.max_ranks - len(kept))]
-        if not gone and not ready:
+        if not gone and not ready and not reform:
             return None
         self.joining = [w for w in self.joining if w not in ready]
         if len(kept) + len(ready) < self.min_ranks:
             self.say(f"error: {len(kept) + len(ready)} worker(s) left, fewer than --min-ranks {self.min_ranks}")
             return 1
         why = [f"{w} ended ({self._status(w)})" for w in ended] + [f"{w} leaves" for w in leaving]
+        why += [f"{w} did not arrive" for w in absent if w not in ended and w not in leaving]
+        self.reforms = self.reforms + 1 if reform and not gone and not ready else 0  # the same workers again
+        if self.reforms > MAX_REFORMS:
+            self.say(
+                f"error: generation {self.generation} did not form {MAX_REFORMS + 1} times in a row (its members' "
+                "rendezvous timed out); a longer --elastic-timeout gives a loaded machine more time"
+            )
+            return 1
+        why += [f"generation {self.generation} did not form"] if reform else []
         joins = [f"{w} joins" for w in ready] if self.generation >= 0 else ["start"]
+        for w in absent:  # alive but late (a failed formation, paused): it joins again once it says it is ready
+            if w not in ended and w not in leaving:
+                self.store.delete_key(f"ready/{w}")
+                self.joining.append(w)
         self.publish(kept + ready, ", ".join(why + joins))
         return None
 

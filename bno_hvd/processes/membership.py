@@ -5,8 +5,10 @@ authority on membership: it starts the workers, sees at once when one ends (its 
 publishes *generations*: ``gen`` holds the newest number, ``gen/<n>`` the sorted worker ids of
 generation ``n``. A worker's rank in a generation is its id's place in that list (the oldest
 surviving worker is rank 0). Workers write ``ready/<id>`` once started and ``leave/<id>`` when
-asked to leave (SIGTERM); the agent answers both with a new generation. Rank 0 writes ``done``
-when the training has finished: a worker still waiting for a generation then ends with 0.
+asked to leave (SIGTERM); the agent answers both with a new generation. A generation that did
+not form (its group's rendezvous timed out, under load, with no member dead) is asked again
+(``reform/<n>``): the agent publishes the same workers as the next generation. Rank 0 writes
+``done`` when the training has finished: a worker still waiting for a generation then ends with 0.
 
 Each generation is a torch.distributed job of its own: a Gloo default group whose store keys are
 prefixed by the generation. Its members first write their arrival (``form<n>/here/<id>``) and
@@ -58,6 +60,7 @@ class Membership:
         )
         self.generation = -1
         self.leaving = False
+        self.marked = False  # it said ``trained``
 
     def ready(self) -> Membership:
         """Tell the agent this worker can join (it has started)."""
@@ -68,6 +71,26 @@ class Membership:
         """SIGTERM: leave at the next update boundary (the agent publishes a generation without it)."""
         self.leaving = True
         self.store.set(f"leave/{self.id}", "1")
+
+    def trained(self) -> None:
+        """Rank 0, after a committed update: the job has a training state (``trained``), once."""
+        if not self.marked:
+            self.store.set("trained", "1")
+            self.marked = True
+
+    def fresh_start(self) -> None:
+        """A generation none of whose members holds the training state: the first (returns), or one
+        after every worker that held it is gone (:class:`TrainingError`: starting over would repeat
+        the samples the ledger has)."""
+        if self.store.check(["trained"]):
+            raise TrainingError(
+                "every worker that held the training state is gone, so the job cannot go on: start it again",
+                rank=self.id,
+            )
+
+    def reform(self, gen: int) -> None:
+        """Generation ``gen`` did not form here: ask the agent for it again (a newer number)."""
+        self.store.set(f"reform/{gen}", "1")
 
     def finish(self) -> None:
         """Rank 0, after the last update: workers still waiting for a generation end (:class:`JobDone`)."""

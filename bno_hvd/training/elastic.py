@@ -61,6 +61,8 @@ class Boundary(Hook):
 
     def after_update(self, record, stats) -> None:
         self.stepped = False  # the ledger hook (before this one) committed it
+        if self.comm.Get_rank() == 0:
+            self.membership.trained()
 
     def salvage(self) -> None:
         """After a failure: an update whose step this rank took is committed here too."""
@@ -78,13 +80,14 @@ class Held:
         self.entries = list(entries)
 
 
-def restore_from_peers(world, cfg, held: Held | None):
+def restore_from_peers(world, cfg, held: Held | None, membership: Membership):
     """``build_run``'s restore: the state of the first rank that holds the most updates, on every rank."""
 
     def restore(model, optimizer, balancer, ledger):
         comm = world.control_comm
         counts = comm.allgather(-1 if held is None else len(held.entries))
         if max(counts) < 0:  # the first generation: a fresh run, or --resume's checkpoint
+            membership.fresh_start()
             if not cfg.resume:
                 return None
             from bno_hvd.training.checkpoint import restore_training_state
@@ -143,7 +146,7 @@ def _generations(cfg, membership: Membership, out, plugin):
     def attempt(world):
         nonlocal training, boundary
         boundary = Boundary(membership, world.control_comm)
-        restore = restore_from_peers(world, cfg, held)
+        restore = restore_from_peers(world, cfg, held, membership)
         training = Training(cfg, world, out=out, plugin=plugin, restore=restore, extra_hooks=[boundary])
         training.advance()
         result, training = training.finish(), None
@@ -172,16 +175,19 @@ def generations(membership: Membership, timeout: float, attempt, failed):
         if membership.id not in ids:
             if membership.leaving:
                 raise JobDone()
-            if not member:  # a joiner sees the generations before the one that admits it
-                continue
-            raise TrainingError(f"elastic: dropped from generation {gen}", rank=membership.id)
+            if member:  # it did not arrive at a formation in time (slow, paused): it joins again
+                member = False
+                membership.ready()
+            continue  # a joiner sees the generations before the one that admits it
         member = True
         try:
             world = membership.world(gen, ids, timeout=timeout)
-        except RuntimeError:  # a member died while the generation formed: the agent publishes the next
+        except RuntimeError:  # a member died while it formed, or a timeout under load: the agent publishes the next
             leave_world()
+            membership.reform(gen)
             continue
-        if world is None:  # a newer generation came before every member arrived: skip to it
+        if world is None:  # a newer generation came before every member arrived, or one did not: the next
+            membership.reform(gen)
             continue
         try:
             result = attempt(world)

@@ -141,6 +141,8 @@ class State:
             return
         self.ledger.before_compute(self.balancer.current_step)
         self.ledger.commit()
+        if self.world.rank == 0:
+            self.membership.trained()
         self.buffers = _buffers(self.model)
         comm = self.world.control_comm
         newer = self.membership.latest() if comm.Get_rank() == 0 else None
@@ -153,6 +155,7 @@ class State:
         comm = self.world.control_comm
         counts = comm.allgather(len(self.entries) if self.started else -1)
         if max(counts) < 0:  # the first generation: every worker starts from the script's own model
+            self.membership.fresh_start()
             return
         leader = counts.index(max(counts))
         mine = None

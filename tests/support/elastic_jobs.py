@@ -112,6 +112,16 @@ class ElasticJob:
             elif kind == "join":
                 self.proc.send_signal(signal.SIGUSR1)
                 self.events.append("join")
+            elif kind == "join-pause":  # as the joiner's generation is published, a member stops (SIGSTOP)
+                self.proc.send_signal(signal.SIGUSR1)  # until the others have trained without it
+                self.events.append("join")
+                if self.wait_generation(gens + 1):
+                    wid = self.signal_rank(target, signal.SIGSTOP)
+                    if self.wait_generation(gens + 2):  # and it has trained a little
+                        self.wait_updates(len(committed(self.log)) + 10)
+                    self.workers()[wid].send_signal(signal.SIGCONT)
+                    self.events.append(f"SIGCONT worker {wid}")
+                gens += 1
             elif kind == "kill-recovering":
                 self.signal_rank(target, signal.SIGKILL)
                 if self.wait_generation(gens + 1):

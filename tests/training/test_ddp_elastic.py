@@ -81,7 +81,7 @@ def check_job(job, one_process, schedule):
     print(f"{schedule}: max relative difference {diff:.2e} to one process; {job.events}")
     assert diff <= 1e-10, f"max relative difference {diff:.3e}; {events}"
     entries = committed(job.log)
-    assert any(1 in e["sizes"] for e in entries), "no rank ever had a single sample"
+    assert any(1 in e["sizes"] for e in entries), f"no rank ever had a single sample; {events}"
     return entries
 
 
@@ -124,6 +124,26 @@ def test_batchnorm_through_bno_elastic_stays_exact_across_a_kill_and_a_join(tmp_
     entries = check_job(job, one_process(2, batchnorm=True), schedule)
     members = [tuple(e["members"]) for e in entries]
     assert members[0] == (0, 1, 2, 3) and members[-1] == (0, 1, 3, 4), sorted(set(members))
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_ddp_script_stays_exact(
+    tmp_path, data, one_process
+):
+    """As a joiner's generation is published, rank 1 stops (SIGSTOP) past --elastic-timeout: that
+    generation does not form, the others ask for it again (``reform``) and the agent publishes them
+    without the worker that did not arrive; resumed, it joins again. Before: the others ended
+    ('no new membership') and the paused worker went on alone."""
+    schedule = [(40, "join-pause", 1)]
+    job = elastic_job(tmp_path, data, 4, epochs=2)  # 250 updates
+    job.run_schedule(schedule)
+    entries = check_job(job, one_process(2), schedule)
+    paused = int(job.events[1].split()[2])  # "SIGSTOP worker W (rank 1)"
+    assert f"{paused} did not arrive" in open(job.err_path).read(), job.events
+    members = [tuple(e["members"]) for e in entries]
+    out = members.index(next(m for m in members if paused not in m))
+    assert len(members[out]) == 4 and paused in members[-1] and len(members[-1]) == 5, sorted(set(members))
 
 
 @pytest.mark.mpi

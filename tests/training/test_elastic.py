@@ -33,7 +33,7 @@ def check_job(job, one_process, schedule, *, uneven=True):
     diff = max_relative_difference(saved_model(job.model), one_process)
     assert diff <= 1e-10, f"max relative difference {diff:.3e}; {events}"
     entries = committed(job.log)
-    assert not uneven or any(1 in e["sizes"] for e in entries), "no rank ever had a single sample"
+    assert not uneven or any(1 in e["sizes"] for e in entries), f"no rank ever had a single sample; {events}"
     return entries
 
 
@@ -73,6 +73,25 @@ def test_a_joining_rank_gets_a_share_within_two_rebalances(tmp_path, fashion_dir
         i for i, e in enumerate(entries) if newcomer in e["members"] and e["sizes"][e["members"].index(newcomer)]
     )
     assert first - joined <= 2, (joined, first)  # --rebalance-every 1: two rebalances are two updates
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_update_stays_exact(
+    tmp_path, fashion_dir, one_process
+):
+    """``train --elastic``: as a joiner's generation is published, rank 1 stops (SIGSTOP) past
+    --elastic-timeout; the agent publishes the others without it (it did not arrive); resumed, it
+    joins again."""
+    schedule = [(10, "join-pause", 1)]
+    job = ElasticJob(tmp_path, fashion_dir, updates=UPDATES)
+    job.run_schedule(schedule)
+    entries = check_job(job, one_process, schedule)
+    paused = int(job.events[1].split()[2])  # "SIGSTOP worker W (rank 1)"
+    assert f"{paused} did not arrive" in open(job.err_path).read(), job.events
+    members = [tuple(e["members"]) for e in entries]
+    out = members.index(next(m for m in members if paused not in m))
+    assert len(members[out]) == 4 and paused in members[-1] and len(members[-1]) == 5, sorted(set(members))
 
 
 def test_elastic_refuses_what_it_cannot_keep_exact():
@@ -154,3 +173,21 @@ def test_a_workers_own_elastic_error_names_the_worker():
     with pytest.raises(TrainingError, match="no new membership from the agent within 0.05 s") as err:
         membership.wait_newer(0, 0.05)
     assert err.value.rank == 3
+
+
+def test_newcomers_alone_do_not_start_a_trained_job_over():
+    """A generation none of whose members holds the training state may start from scratch only
+    before the job trained (a real torch store): after rank 0's first commit it ends with one line
+    naming the worker. Before: a joiner left alone trained all the updates again (CI of ddb24a2)."""
+    import torch.distributed as dist
+
+    from bno_hvd.common.errors import TrainingError
+    from bno_hvd.processes.membership import Membership
+
+    store = dist.HashStore()
+    first, joiner = Membership("127.0.0.1:1", 0, store=store), Membership("127.0.0.1:1", 4, store=store)
+    joiner.fresh_start()  # the first generation: nothing trained yet
+    first.trained()
+    with pytest.raises(TrainingError, match="every worker that held the training state is gone") as err:
+        joiner.fresh_start()
+    assert err.value.rank == 4

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from support.checks import max_relative_difference
-from support.elastic_jobs import ElasticJob, committed, random_schedule
+from support.elastic_jobs import FAULT_SEEDS, ElasticJob, committed, random_schedule
 from support.jobs import FASHION_DIR, ROOT, assert_ok, mpi_env, mpirun, python_cmd, run_cli
 from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_markers
 from support.run_port import write_fashion_subset
@@ -148,9 +148,9 @@ def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_ddp_script
 
 @pytest.mark.mpi
 @pytest.mark.alone
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", FAULT_SEEDS)
 def test_the_fault_matrix_on_the_ddp_script(seed, tmp_path, data, one_process):
-    """The 20 seeded schedules of ``--elastic``'s matrix (tests/training/test_elastic_matrix.py:
+    """The seeded schedules of ``--elastic``'s matrix (tests/training/test_elastic_matrix.py:
     kills, two at once, rank 0, during a re-formation, leaves, joins, a rank that rejoins) on the
     script of ``bno.elastic``, 3 epochs (375 updates: a joiner starts, seconds, before the end)."""
     schedule = random_schedule(seed, 3 * TRAIN // GLOBAL)

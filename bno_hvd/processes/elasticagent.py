@@ -184,7 +184,8 @@ class ElasticAgent:
             self.say(f"error: {len(kept) + len(ready)} worker(s) left, fewer than --min-ranks {self.min_ranks}")
             return 1
         why = [f"{w} ended ({self._status(w)})" for w in ended] + [f"{w} leaves" for w in leaving]
-        why += [f"{w} did not arrive" for w in absent if w not in ended and w not in leaving]
+        late = [w for w in absent if w not in ended and w not in leaving]  # alive: a failed formation, paused
+        why += [f"{w} did not arrive" for w in late]
         self.reforms = self.reforms + 1 if reform and not gone and not ready else 0  # the same workers again
         if self.reforms > MAX_REFORMS:
             self.say(
@@ -194,10 +195,9 @@ class ElasticAgent:
             return 1
         why += [f"generation {self.generation} did not form"] if reform else []
         joins = [f"{w} joins" for w in ready] if self.generation >= 0 else ["start"]
-        for w in absent:  # alive but late (a failed formation, paused): it joins again once it says it is ready
-            if w not in ended and w not in leaving:
-                self.store.delete_key(f"ready/{w}")
-                self.joining.append(w)
+        for w in late:  # it joins again once it says it is ready
+            self.store.delete_key(f"ready/{w}")
+            self.joining.append(w)
         self.publish(kept + ready, ", ".join(why + joins))
         return None
 

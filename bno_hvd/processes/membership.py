@@ -7,7 +7,7 @@ generation ``n``. A worker's rank in a generation is its id's place in that list
 surviving worker is rank 0). Workers write ``ready/<id>`` once started and ``leave/<id>`` when
 asked to leave (SIGTERM); the agent answers both with a new generation. A generation that did
 not form (its group's rendezvous timed out, under load, with no member dead) is asked again
-(``reform/<n>``): the agent publishes the same workers as the next generation. Rank 0 writes
+(``reform/<n>``): the agent publishes the members that arrived as the next generation. Rank 0 writes
 ``done`` when the training has finished: a worker still waiting for a generation then ends with 0.
 
 Each generation is a torch.distributed job of its own: a Gloo default group whose store keys are

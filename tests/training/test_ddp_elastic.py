@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from support.checks import max_relative_difference
-from support.elastic_jobs import FAULT_SEEDS, ElasticJob, committed, random_schedule
+from support.elastic_jobs import FAULT_SEEDS, ElasticJob, check_paused_rejoined, committed, random_schedule
 from support.jobs import FASHION_DIR, ROOT, assert_ok, mpi_env, mpirun, python_cmd, run_cli
 from support.port_twin import DDP_EXAMPLE, example_source, plain_twin, port_markers
 from support.run_port import write_fashion_subset
@@ -139,11 +139,7 @@ def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_ddp_script
     job = elastic_job(tmp_path, data, 4, epochs=2)  # 250 updates
     job.run_schedule(schedule)
     entries = check_job(job, one_process(2), schedule)
-    paused = int(job.events[1].split()[2])  # "SIGSTOP worker W (rank 1)"
-    assert f"{paused} did not arrive" in open(job.err_path).read(), job.events
-    members = [tuple(e["members"]) for e in entries]
-    out = members.index(next(m for m in members if paused not in m))
-    assert len(members[out]) == 4 and paused in members[-1] and len(members[-1]) == 5, sorted(set(members))
+    check_paused_rejoined(job, entries)
 
 
 @pytest.mark.mpi

@@ -6,7 +6,7 @@ changes at every update (``--strategy random``, a rank at 1 sample) and with the
 
 import pytest
 from support.checks import max_relative_difference
-from support.elastic_jobs import ElasticJob, committed, reference
+from support.elastic_jobs import ElasticJob, check_paused_rejoined, committed, reference
 from support.jobs import run_cli
 from support.train_runs import saved_model
 
@@ -87,11 +87,7 @@ def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_update_sta
     job = ElasticJob(tmp_path, fashion_dir, updates=UPDATES)
     job.run_schedule(schedule)
     entries = check_job(job, one_process, schedule)
-    paused = int(job.events[1].split()[2])  # "SIGSTOP worker W (rank 1)"
-    assert f"{paused} did not arrive" in open(job.err_path).read(), job.events
-    members = [tuple(e["members"]) for e in entries]
-    out = members.index(next(m for m in members if paused not in m))
-    assert len(members[out]) == 4 and paused in members[-1] and len(members[-1]) == 5, sorted(set(members))
+    check_paused_rejoined(job, entries)
 
 
 def test_elastic_refuses_what_it_cannot_keep_exact():

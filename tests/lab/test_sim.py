@@ -268,18 +268,30 @@ def test_the_simulator_needs_only_the_allocation_and_common_wings():
 
 
 @pytest.mark.slow
-def test_the_ratio_fit_takes_a_value_only_where_the_suites_ratios_are_predicted_better(monkeypatch):
+def test_the_ratio_fit_takes_a_value_only_where_the_suites_ratios_are_predicted_better(monkeypatch, tmp_path):
     # one field on a grid of two: from a machine whose busy processes cost nothing (busy_weight 0),
-    # the fit takes the committed 0.4 only because competing-process's ratios come out closer with it
-    suite = os.path.join(SUITES, "suite-1127b")
+    # the fit takes the committed 0.4 only because competing-process's ratios come out closer with it;
+    # two of suite-1127b's nine profiles (the whole suite took 11 minutes of the test run)
+    with open(os.path.join(SUITES, "suite-1127b", "suite.json")) as fh:
+        rows = json.load(fh)
+
+    def suite(*profiles):
+        path = tmp_path / "-".join(profiles) / "suite-1127b"
+        path.mkdir(parents=True)
+        (path / "suite.json").write_text(json.dumps([r for r in rows if r["profile"] in profiles]))
+        return str(path)
+
     monkeypatch.setattr(calibration, "GRID", {"busy_weight": np.array([0.0, 0.4]), "step_cpu": np.array([9.0])})
     start = replace(Machine.load(), busy_weight=0.0, fitted_on=("x",))
-    before = np.sum(ratio_errors(validate(suite, start)) ** 2)
-    fitted = calibration.fit_ratios(start, suite, echo=lambda line: None)
+    both = suite("competing-process", "outside-equal-10ms")
+    before = np.sum(ratio_errors(validate(both, start)) ** 2)
+    fitted = calibration.fit_ratios(start, both, echo=lambda line: None)
     assert fitted.busy_weight == 0.4 and fitted.step_cpu == start.step_cpu  # (the step stays as measured)
-    assert np.sum(ratio_errors(validate(suite, fitted)) ** 2) < before
+    assert np.sum(ratio_errors(validate(both, fitted)) ** 2) < before
     assert fitted.fitted_on == ("x", "suite-1127b (ratios)")
     assert fitted.per_token_cpu == fitted.per_sample_cpu / 64  # the costs the suite cannot show follow
+    # without a busy process in the suite, nothing fits better: the start stays
+    assert calibration.fit_ratios(start, suite("outside-equal-10ms"), echo=lambda line: None).busy_weight == 0.0
 
 
 def test_the_committed_calibration_is_fitted_on_the_suite_in_the_repository(monkeypatch):

@@ -135,9 +135,10 @@ class SampleDropout(TorchFunctionMode):
         if keys != self._keys:  # once per batch: each sample's terms
             self._keys, self._terms = tuple(keys), row_terms(sample_seeds(self.seed, keys))
         terms = self._terms ^ call_terms(call)  # those of dropout_seed(seed, epoch, index, call)
-        keep = keep_mask(terms, shape, p, x.device)
-        out = x.mul_(keep) if inplace else x * keep
-        return out.mul_(1.0 / (1.0 - p)) if p < 1 else out
+        scale = keep_mask(terms, shape, p, x.device).to(x.dtype)  # the mask's size (one value per channel in 2d)
+        if p < 1:
+            scale.mul_(1.0 / (1.0 - p))
+        return x.mul_(scale) if inplace else x * scale  # one pass over x, one node in the backward
 
 
 class Routing:

@@ -1,5 +1,5 @@
-"""The control plane's communicator where there is no MPI: torch.distributed object collectives on
-a Gloo group (a job launched by ``torchrun``).
+"""The control plane's communicator where there is no MPI: pickled messages over torch.distributed
+collectives on a Gloo group (a job launched by ``torchrun``).
 
 The control plane talks to one small interface, :class:`ControlComm`: the handful of mpi4py
 calls the Balancer, its controller, checkpoints and the training loop make on the communicator
@@ -7,7 +7,9 @@ reserved for it. An mpi4py communicator (``MPI.COMM_WORLD.Dup()``) *is* the firs
 implementation, unchanged, so every MPI job behaves exactly as it always has. :class:`TorchComm`
 is the second: the same calls over ``torch.distributed`` on a Gloo group of its own (Gloo even
 when the gradients go over NCCL: control messages are small pickled Python objects, and Gloo's
-TCP waits sleep in the kernel). Nothing above the communicator knows which one it holds.
+TCP waits sleep in the kernel). ``gather`` and ``bcast``, a rebalance's two, send each message in
+one fixed-size slot (:data:`SLOT`); the others use torch's object collectives. Nothing above the
+communicator knows which one it holds.
 
 Usage (every rank, after ``torch.distributed.init_process_group``)::
 

@@ -52,8 +52,6 @@ def main() -> int:
 
 
 def rank_main(rounds: int, block: int) -> int:
-    import importlib.util
-
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -61,10 +59,9 @@ def rank_main(rounds: int, block: int) -> int:
     from torch.utils.data.distributed import DistributedSampler
 
     import bno_hvd as bno
+    from bno_hvd.data.models import load_user_function
 
-    spec = importlib.util.spec_from_file_location("ddp_mnist", os.path.join(ROOT, "examples", "ddp_mnist.py"))
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    net_class, _ = load_user_function("examples.ddp_mnist:Net")  # as train --model finds it (ROOT on the path)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
@@ -101,13 +98,13 @@ def rank_main(rounds: int, block: int) -> int:
 
     torch.manual_seed(0)
     plain = trainer(
-        torch.nn.parallel.DistributedDataParallel(example.Net()),
+        torch.nn.parallel.DistributedDataParallel(net_class()),
         DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, seed=1)),
     )
     ports = {}
     for name, (dropout, rebalance) in VARIANTS.items():
         balancer = bno.Balancer.for_world(data, BATCH, "equal", seed=1, rebalance_every=10 if rebalance else 10**9)
-        net = bno.exact_dropout(example.Net(), balancer) if dropout else example.Net()
+        net = bno.exact_dropout(net_class(), balancer) if dropout else net_class()
         model = bno.DistributedDataParallel(net, balancer=balancer)
         ports[name] = trainer(model, bno.DataLoader(data, sampler=balancer))
     plain(WARMUP)

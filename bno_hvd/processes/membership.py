@@ -158,6 +158,7 @@ class Membership:
         rank, size = ids.index(self.id), len(ids)
         store = dist.PrefixStore(f"gen{gen}", self.store)
         limit = datetime.timedelta(seconds=timeout)
+        _forget_failed_groups()
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=limit)
         finish_at_exit()  # a worker that exits with its groups (bad input) destroys them, not the finalization
         self.generation = gen
@@ -167,6 +168,18 @@ class Membership:
         return World(
             TorchCollectives(control), rank, size, 0, control, None, [note], backend, engine="torch", members=ids
         )
+
+
+def _forget_failed_groups() -> None:
+    """Name this generation's default group as its peers do. torch names a group by a count of the
+    groups made since the last ``destroy_process_group()``, and an ``init_process_group`` whose
+    rendezvous timed out still counted one: the next default group was named "1" here and "0" on a
+    peer whose last group had formed and been destroyed, the two waited on different store keys, and
+    every formation after timed out (CI of 80d6803: "generation 10 did not form 4 times in a row")."""
+    from torch.distributed import distributed_c10d
+
+    if not distributed_c10d.is_initialized() and hasattr(distributed_c10d, "_world"):
+        distributed_c10d._world.group_count = 0  # what destroy_process_group() sets
 
 
 def leave_world() -> None:

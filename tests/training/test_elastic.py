@@ -38,8 +38,10 @@ def check_job(job, one_process, schedule, *, uneven=True):
 
 
 def recoveries(job, entries) -> list[float]:
-    """Seconds from each kill to the next committed update."""
-    return [min(e["at"] for e in entries if e["at"] > kill) - kill for kill in job.kills]
+    """Seconds from each kill to the next committed update; none for a kill after the last update
+    (a joiner slow to start under load admitted only as the training ended, then killed)."""
+    last = max(e["at"] for e in entries)
+    return [min(e["at"] for e in entries if e["at"] > kill) - kill for kill in job.kills if kill < last]
 
 
 @pytest.mark.mpi
@@ -187,3 +189,48 @@ def test_newcomers_alone_do_not_start_a_trained_job_over():
     with pytest.raises(TrainingError, match="every worker that held the training state is gone") as err:
         joiner.fresh_start()
     assert err.value.rank == 4
+
+
+FORM_TWICE = """
+import sys, torch, torch.distributed as dist
+from bno_hvd.processes.membership import Membership, leave_world
+wid, address = int(sys.argv[1]), sys.argv[2]
+membership = Membership(address, wid)
+if wid == 0:  # its peer 'arrives' at generation 0 (the test's key) but never forms it: a timeout here
+    try:
+        membership.world(0, [0, 1], timeout=1.0)
+    except RuntimeError:
+        leave_world()
+        print("generation 0 timed out", flush=True)
+world = membership.world(1, [0, 1], timeout=20.0)
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"generation 1 formed: {int(total)} ranks", flush=True)
+leave_world()
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_whose_formation_timed_out_forms_the_next_generation_with_a_fresh_peer():
+    """Worker 0's first formation times out in its rendezvous (its peer arrived and never formed);
+    the next generation then forms with worker 1, whose last group (none here) counted nothing. Until
+    2026-11-30 the failed init left torch's group count at 1, so worker 0 named its default group
+    "1" and worker 1 "0": they waited on different store keys, and every generation after timed out
+    (the DDP script's fault matrix, seed 5, in CI)."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set("form0/here/1", "1")
+    address = f"127.0.0.1:{store.port}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", FORM_TWICE, str(w), address], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for w in (0, 1)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    assert outs[0][0].splitlines() == ["generation 0 timed out", "generation 1 formed: 2 ranks"], outs[0]
+    assert outs[1][0].splitlines() == ["generation 1 formed: 2 ranks"], outs[1]

@@ -1,5 +1,5 @@
-"""The control plane's communicator where there is no MPI: torch.distributed object collectives on
-a Gloo group (a job launched by ``torchrun``).
+"""The control plane's communicator where there is no MPI: pickled messages over torch.distributed
+collectives on a Gloo group (a job launched by ``torchrun``).
 
 The control plane talks to one small interface, :class:`ControlComm`: the handful of mpi4py
 calls the Balancer, its controller, checkpoints and the training loop make on the communicator
@@ -7,7 +7,9 @@ reserved for it. An mpi4py communicator (``MPI.COMM_WORLD.Dup()``) *is* the firs
 implementation, unchanged, so every MPI job behaves exactly as it always has. :class:`TorchComm`
 is the second: the same calls over ``torch.distributed`` on a Gloo group of its own (Gloo even
 when the gradients go over NCCL: control messages are small pickled Python objects, and Gloo's
-TCP waits sleep in the kernel). Nothing above the communicator knows which one it holds.
+TCP waits sleep in the kernel). ``gather`` and ``bcast``, a rebalance's two, send each message in
+one fixed-size slot (:data:`SLOT`); the others use torch's object collectives. Nothing above the
+communicator knows which one it holds.
 
 Usage (every rank, after ``torch.distributed.init_process_group``)::
 
@@ -17,7 +19,11 @@ Usage (every rank, after ``torch.distributed.init_process_group``)::
 
 from __future__ import annotations
 
+import pickle
+import struct
 from typing import Any, Protocol
+
+import torch
 
 __all__ = ["ControlComm", "TorchComm"]
 
@@ -66,14 +72,33 @@ class TorchComm:
         return self._size
 
     def gather(self, obj, root: int = 0):
-        out = [None] * self._size if self._rank == root else None
-        self._dist.gather_object(obj, out, dst=root, group=self.group)
+        slot, rest = _pack(obj)
+        slots = [torch.empty_like(slot) for _ in range(self._size)] if self._rank == root else None
+        self._dist.gather(slot, slots, dst=root, group=self.group)
+        if self._rank != root:
+            if rest:  # longer than its slot: the rest goes to the root apart
+                self._dist.send(_bytes_tensor(rest), dst=root, group=self.group)
+            return None
+        out = []
+        for r, got in enumerate(slots):
+            more = _length(got) - len(_first(got))
+            if r == root or not more:
+                out.append(_unpack(got, rest if r == root else b""))
+                continue
+            tail = torch.empty(more, dtype=torch.uint8)
+            self._dist.recv(tail, src=r, group=self.group)
+            out.append(_unpack(got, tail.numpy().tobytes()))
         return out
 
     def bcast(self, obj, root: int = 0):
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=root, group=self.group)
-        return box[0]
+        slot, rest = _pack(obj) if self._rank == root else (torch.empty(SLOT, dtype=torch.uint8), b"")
+        self._dist.broadcast(slot, src=root, group=self.group)
+        more = _length(slot) - len(_first(slot))
+        if more:  # longer than the slot: the rest in a second broadcast
+            tail = _bytes_tensor(rest) if self._rank == root else torch.empty(more, dtype=torch.uint8)
+            self._dist.broadcast(tail, src=root, group=self.group)
+            rest = tail.numpy().tobytes()
+        return obj if self._rank == root else _unpack(slot, rest)
 
     def allgather(self, obj) -> list:
         out = [None] * self._size
@@ -109,9 +134,42 @@ class TorchComm:
         self.group = None
 
 
+# What one rank's message takes in a gather or a broadcast: an 8-byte length, then the start of its
+# pickle. One fixed-size collective where torch's object collectives make two (the sizes first);
+# a longer message sends the rest apart (a report of a rebalance: about 1.1 KB on 4 ranks, 3.4 KB on
+# 256). On 4 ranks on 2 cores a report's gather and the decision's broadcast cost rank 0 1.7 ms of
+# CPU instead of 5.3 (torch's gather_object and broadcast_object_list; 2026-11-30).
+SLOT = 4096
+_HEAD = struct.Struct("<q")
+
+
+def _pack(obj) -> tuple:
+    """``obj`` pickled: its slot (uint8, :data:`SLOT` bytes) and the bytes that did not fit."""
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    first = data[: SLOT - _HEAD.size]
+    slot = torch.zeros(SLOT, dtype=torch.uint8)
+    slot[: _HEAD.size + len(first)] = _bytes_tensor(_HEAD.pack(len(data)) + first)
+    return slot, data[len(first) :]
+
+
+def _length(slot) -> int:
+    return _HEAD.unpack(slot[: _HEAD.size].numpy().tobytes())[0]
+
+
+def _first(slot) -> bytes:
+    return slot[_HEAD.size : _HEAD.size + _length(slot)].numpy().tobytes()
+
+
+def _unpack(slot, rest: bytes):
+    return pickle.loads(_first(slot) + rest)
+
+
+def _bytes_tensor(data: bytes):
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def _default_timeout():
     """The default group's timeout (``init_process_group(timeout=)``), None where torch hides it."""
-    import torch
     import torch.distributed as dist
 
     try:

@@ -2,7 +2,7 @@
 
 Gradients are summed by torch.distributed (Gloo on CPUs, NCCL on GPUs) after each rank's
 compute phase (:class:`SummedGradients`); the control plane talks mpi4py under mpirun/srun, as with Horovod, and
-torch.distributed object collectives on a Gloo group of its own under torchrun
+torch.distributed collectives on a Gloo group of its own under torchrun
 (:class:`~bno_hvd.processes.torchcomm.TorchComm`). The training loop asks ``world.hvd`` for a
 few collectives besides the gradients' (the logged loss, the evaluation's sums, the initial
 broadcast); :class:`TorchCollectives` answers them with torch.distributed, so the loop is the

@@ -17,6 +17,7 @@ from bno_hvd.allocation import make_strategy
 from bno_hvd.allocation.paper import bno_batch_sizes
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.control.plane import ControlPlane, RankReport
+from bno_hvd.processes.torchcomm import SLOT
 from bno_hvd.processes.torchenv import world_control_comm
 
 dist.init_process_group("gloo")
@@ -37,6 +38,13 @@ root = size - 1  # a root other than 0 where there are several ranks
 check("bcast", comm.bcast({"from": rank} if rank == root else None, root=root), {"from": root})
 gathered = comm.gather(("rank", rank), root=root)
 check("gather", gathered, [("rank", r) for r in range(size)] if rank == root else None)
+# longer than a slot of the fixed-size collectives (TorchComm.SLOT): the rest travels apart, on odd ranks
+big = {r: bytes([r % 251]) * (3 * SLOT + r) if r % 2 else ("small", r) for r in range(size)}
+gathered = comm.gather(big[rank], root=root)
+check("gather long", gathered, [big[r] for r in range(size)] if rank == root else None)
+check("bcast long", comm.bcast(big[root] if rank == root else None, root=root), big[root])
+for n in (SLOT - 26, SLOT - 25):  # pickled: the slot's last byte after the 8-byte length; one more
+    check(f"bcast {n}", comm.bcast(b"x" * n if rank == 0 else None), b"x" * n)
 check("allgather", comm.allgather(rank * 10), [r * 10 for r in range(size)])
 check("scatter", comm.scatter([f"to {r}" for r in range(size)] if rank == 0 else None, root=0), f"to {rank}")
 if size > 1:  # a ring of point-to-point messages, in order

@@ -202,7 +202,7 @@ if wid == 0:  # its peer 'arrives' at generation 0 (the test's key) but never fo
     except RuntimeError:
         leave_world()
         print("generation 0 timed out", flush=True)
-world = membership.world(1, [0, 1], timeout=20.0)
+membership.world(1, [0, 1], timeout=20.0)
 total = torch.ones(1)
 dist.all_reduce(total)
 print(f"generation 1 formed: {int(total)} ranks", flush=True)

@@ -59,7 +59,7 @@ class TorchComm:
         import torch.distributed as dist
 
         self._dist = dist
-        self.group = dist.new_group(backend="gloo", timeout=_default_timeout()) if group is None else group
+        self.group = gloo_group(_default_timeout()) if group is None else group
         self._rank = dist.get_rank(self.group)
         self._size = dist.get_world_size(self.group)
         if self._size != dist.get_world_size():
@@ -166,6 +166,45 @@ def _unpack(slot, rest: bytes):
 
 def _bytes_tensor(data: bytes):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+# Gloo gives up connecting to a peer that died or stopped in the middle of the handshake only after
+# five times the group's timeout (torch 2.13: 25 s at 5 s, with a stopped peer). A
+# member of an elastic generation stuck there missed the next generation's forming (the others
+# wait 3 x --elastic-timeout): the members that arrived went on without it, once without any
+# worker that held the training state (the DDP script's fault matrix, seed 13, in CI). So the groups
+# of an elastic generation form within 1/5 of the timeout, which their collectives then keep.
+CONNECT_TRIES = 5
+_forming = [None]  # an elastic generation's timeout in seconds (None: groups form within their timeout)
+
+
+def form_within(seconds: float | None) -> None:
+    """This process's groups from now on connect within ``seconds`` (None: their own timeout)."""
+    _forming[0] = seconds
+
+
+def connect_timeout(timeout):
+    """What a group with collectives' ``timeout`` forms with: all of it, or a fifth of the elastic
+    generation's (:func:`form_within`)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    seconds = _forming[0]
+    if seconds is None or timeout is None or not hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        return timeout
+    return min(timeout, datetime.timedelta(seconds=seconds / CONNECT_TRIES))
+
+
+def gloo_group(timeout):
+    """A new Gloo group of every rank (collective) whose collectives wait ``timeout``."""
+    import torch.distributed as dist
+
+    connect = connect_timeout(timeout)
+    group = dist.new_group(backend="gloo", timeout=connect)
+    if connect != timeout:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
+    return group
 
 
 def _default_timeout():

@@ -234,3 +234,60 @@ def test_a_worker_whose_formation_timed_out_forms_the_next_generation_with_a_fre
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert outs[0][0].splitlines() == ["generation 0 timed out", "generation 1 formed: 2 ranks"], outs[0]
     assert outs[1][0].splitlines() == ["generation 1 formed: 2 ranks"], outs[1]
+
+
+FORM_AND_WAIT = """
+import sys, time
+import torch, torch.distributed as dist
+from bno_hvd.processes.membership import Membership
+from bno_hvd.processes.torchcomm import TorchComm
+wid, address, timeout = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+membership = Membership(address, wid)
+world = membership.world(0, [0, 1], timeout=timeout)
+if wid == 1:
+    time.sleep(timeout / 2)  # late by half the timeout: the collectives keep all of it
+total = torch.ones(1)
+dist.all_reduce(total)
+said = world.control_comm.bcast("both", root=0)
+print(f"{int(total)} ranks, {said}", flush=True)
+if wid == 0:  # a group its peer never forms
+    start = time.monotonic()
+    try:
+        TorchComm()
+    except RuntimeError:
+        print(f"{time.monotonic() - start:.2f}", flush=True)
+    membership.store.set("over", "1")
+else:
+    membership.store.wait(["over"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # the time a forming takes to fail: no other test's load beside it
+def test_an_elastic_generation_forms_its_groups_within_a_fifth_of_its_timeout_and_keeps_it_for_collectives():
+    """A generation's groups connect within timeout / 5 (a group whose peer never comes fails then),
+    and their collectives wait the whole timeout (a peer late by half of it is waited for). Gloo
+    gives up connecting to a peer that died or stopped in the middle of its handshake after five
+    times the group's timeout: with a peer stopped there (SIGSTOP), the forming failed after 15.0 s
+    at a timeout of 3 s before, 3.0 s after. A member stuck there missed the next generation, whose
+    members wait 3 x the timeout for it: in CI a joiner went on without the two workers that held the
+    training state (the DDP script's fault matrix, seed 13, 2026-11-30)."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    timeout = 3.0
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    address = f"127.0.0.1:{store.port}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", FORM_AND_WAIT, str(w), address, str(timeout)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for w in (0, 1)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    assert outs[1][0].splitlines() == ["2 ranks, both"], outs[1]
+    first, failed_after = outs[0][0].splitlines()
+    assert first == "2 ranks, both", outs[0]
+    assert float(failed_after) < timeout / 2, f"a lone group failed after {failed_after} s, its timeout {timeout} s"

@@ -147,7 +147,7 @@ class Membership:
         for it)."""
         import torch.distributed as dist
 
-        from bno_hvd.processes.torchcomm import TorchComm, connect_timeout, form_within
+        from bno_hvd.processes.torchcomm import TorchComm, connect_fast, connect_timeout, keep_timeout
         from bno_hvd.processes.torchenv import finish_at_exit
         from bno_hvd.processes.torchworld import TorchCollectives
         from bno_hvd.processes.world import World
@@ -159,11 +159,10 @@ class Membership:
         store = dist.PrefixStore(f"gen{gen}", self.store)
         limit = datetime.timedelta(seconds=timeout)
         _forget_failed_groups()
-        form_within(timeout)  # a peer that dies in the handshake fails each group's forming within ``timeout``
+        connect_fast()  # a peer that dies in the handshake fails each group's forming within ``timeout``
         connect = connect_timeout(limit)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=connect)
-        if connect != limit:
-            dist.distributed_c10d._set_pg_timeout(limit)  # what its collectives wait
+        keep_timeout(connect, limit)
         finish_at_exit()  # a worker that exits with its groups (bad input) destroys them, not the finalization
         self.generation = gen
         control = TorchComm()  # its collectives wait ``timeout`` too, as every group's of this world

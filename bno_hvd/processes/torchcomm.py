@@ -175,25 +175,30 @@ def _bytes_tensor(data: bytes):
 # worker that held the training state (the DDP script's fault matrix, seed 13, in CI). So the groups
 # of an elastic generation form within 1/5 of the timeout, which their collectives then keep.
 CONNECT_TRIES = 5
-_forming = [None]  # an elastic generation's timeout in seconds (None: groups form within their timeout)
+_elastic = [False]  # this process forms elastic generations (bno_hvd.processes.membership)
 
 
-def form_within(seconds: float | None) -> None:
-    """This process's groups from now on connect within ``seconds`` (None: their own timeout)."""
-    _forming[0] = seconds
+def connect_fast() -> None:
+    """This process's groups from now on connect within a fifth of their timeout (an elastic worker)."""
+    _elastic[0] = True
 
 
 def connect_timeout(timeout):
-    """What a group with collectives' ``timeout`` forms with: all of it, or a fifth of the elastic
-    generation's (:func:`form_within`)."""
-    import datetime
-
+    """What a group whose collectives wait ``timeout`` connects within: a fifth of it in an elastic
+    worker (:func:`connect_fast`), else all of it."""
     import torch.distributed as dist
 
-    seconds = _forming[0]
-    if seconds is None or timeout is None or not hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+    if not _elastic[0] or timeout is None or not hasattr(dist.distributed_c10d, "_set_pg_timeout"):
         return timeout
-    return min(timeout, datetime.timedelta(seconds=seconds / CONNECT_TRIES))
+    return timeout / CONNECT_TRIES
+
+
+def keep_timeout(connect, timeout, group=None) -> None:
+    """A group made with ``connect_timeout(timeout)``: its collectives wait all of ``timeout``."""
+    import torch.distributed as dist
+
+    if connect != timeout:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def gloo_group(timeout):
@@ -202,8 +207,7 @@ def gloo_group(timeout):
 
     connect = connect_timeout(timeout)
     group = dist.new_group(backend="gloo", timeout=connect)
-    if connect != timeout:
-        dist.distributed_c10d._set_pg_timeout(timeout, group)
+    keep_timeout(connect, timeout, group)
     return group
 
 

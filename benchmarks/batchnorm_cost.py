@@ -5,10 +5,14 @@ live in one job, as ``bno-hvd bench --rounds`` interleaves strategies: an untime
 then R rounds of one block of updates per run, in a new random order per round. Rank 0 prints
 each run's samples/s per round and the paired ratio exact / plain (median and a 95% bootstrap
 interval): below 1 by what the two small allreduces per BatchNorm layer (forward and backward)
-and the Python-level normalisation cost.
+and the layer's arithmetic (torch's kernels around them) cost.
 
     .venv/bin/python benchmarks/batchnorm_cost.py [--np 4] [--model resnet18] [--speeds 1,1,1,0.33]
         [--updates 100] [--warmup 20] [--rounds 4] [--batch 32] [--emulate-rate 200]
+
+``--kernel 32,10,24,24`` times the layer's arithmetic alone instead, in this process on one thread:
+the CPU time of a forward and backward of ``GlobalBatchNorm``'s function (its reductions add
+nothing) and of torch's own BatchNorm on an input of that shape, median of 7 rounds of 50 each.
 """
 
 import argparse
@@ -68,6 +72,38 @@ def rank_main(args) -> None:
         print(json.dumps({"rates": rates, "ratio": median_interval(ratios)}), flush=True)
 
 
+def kernel(shape: list[int]) -> None:
+    """The CPU ms of one forward and backward, exact BatchNorm's arithmetic against torch's BatchNorm."""
+    import time
+
+    import torch
+
+    from bno_hvd.library.batchnorm import UpdateContext, _GlobalNorm
+
+    torch.set_num_threads(1)
+    ref, x0 = torch.nn.BatchNorm2d(shape[1]), torch.randn(shape)
+    dy, context = torch.randn(shape), UpdateContext(lambda tensor, name: None, 1.0, 0)
+
+    def step(exact: bool) -> None:
+        x, stats = x0.clone().requires_grad_(), (ref.running_mean.clone(), ref.running_var.clone())
+        if exact:
+            y = _GlobalNorm.apply(x, ref.weight, ref.bias, *stats, 0.1, ref.eps, context, "layer")
+        else:
+            y = torch.nn.functional.batch_norm(x, *stats, ref.weight, ref.bias, True, 0.1, ref.eps)
+        y.backward(dy)
+
+    times = {"exact": [], "torch": []}
+    for _ in range(7):
+        for name in times:
+            step(name == "exact")
+            start = time.thread_time()
+            for _ in range(50):
+                step(name == "exact")
+            times[name].append((time.thread_time() - start) / 50 * 1e3)
+    for name, values in times.items():
+        print(f"{name} BatchNorm, forward and backward of {tuple(shape)}: {sorted(values)[3]:.2f} ms of CPU (median)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, default=4)
@@ -79,8 +115,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32, help="base batch per rank")
+    parser.add_argument("--kernel", help="N,C,H,W: time the layer's arithmetic alone on this shape")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.kernel:
+        kernel([int(n) for n in args.kernel.split(",")])
+        return 0
     if (args.updates - args.warmup) // args.rounds < 1:
         parser.error("(--updates - --warmup) / --rounds must leave blocks of at least 1 update")
     if args.rank:

@@ -93,3 +93,40 @@ def test_a_batchnorm_under_activation_checkpointing_is_refused_in_one_line(reent
         checkpoint(model, x, use_reentrant=reentrant).sum().backward()
     assert "\n" not in str(err.value)
     assert int(model[1].num_batches_tracked) == 0  # refused before it touched the running statistics
+
+
+@pytest.mark.parametrize(
+    "kind, shape, affine, momentum",
+    [
+        (nn.BatchNorm1d, (9, 4), True, 0.1),
+        (nn.BatchNorm1d, (6, 3, 10), False, None),
+        (nn.BatchNorm2d, (7, 5, 6, 6), True, 0.1),
+        (nn.BatchNorm3d, (3, 2, 4, 3, 5), True, None),
+    ],
+)
+def test_one_process_normalises_and_differentiates_as_torchs_batchnorm(kind, shape, affine, momentum):
+    """The layer's arithmetic (torch's kernels around its two reductions), in float64 and one process,
+    whose reductions add nothing: output, input, weight and bias gradients and running statistics
+    are torch's own BatchNorm's; the frame (a rank's gradient weight, here 0.25) cancels."""
+    from bno_hvd.library.batchnorm import UpdateContext, _GlobalNorm
+
+    torch.manual_seed(0)
+    ref = kind(shape[1], affine=affine, momentum=momentum).double()
+    if affine:
+        with torch.no_grad():
+            ref.weight.normal_()
+            ref.bias.normal_()
+    x = (torch.randn(shape, dtype=torch.float64) * 3 + 2).requires_grad_()
+    dy = torch.randn(shape, dtype=torch.float64)
+    running = (ref.running_mean.clone(), ref.running_var.clone())
+    reduced = []
+    context = UpdateContext(lambda tensor, name: reduced.append(name), 0.25, 0)
+    ours = x.detach().clone().requires_grad_()
+    factor = 1.0 if momentum is None else momentum  # the first update: a cumulative average of one
+    y = _GlobalNorm.apply(ours, ref.weight, ref.bias, *running, factor, ref.eps, context, "layer")
+    grads = torch.autograd.grad(y, [ours] + ([ref.weight, ref.bias] if affine else []), dy)
+    y_ref = ref(x)
+    grads_ref = torch.autograd.grad(y_ref, [x] + ([ref.weight, ref.bias] if affine else []), dy)
+    assert reduced == ["bno.bn.layer.stats", "bno.bn.layer.grads"]
+    for a, b in [(y, y_ref), *zip(grads, grads_ref), (running[0], ref.running_mean), (running[1], ref.running_var)]:
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), (a - b).abs().max()

@@ -160,9 +160,11 @@ class _GlobalNorm(torch.autograd.Function):
     def backward(ctx, dy):
         xa, mean, var, invstd, weight = ctx.saved_tensors
         dy = dy.to(xa.dtype)
-        # the local sums of dy (the bias gradient) and of dy * xhat (the weight's) in one pass
+        # the local sums of dy (the bias gradient) and of dy * xhat (the weight's) in one pass; ones
+        # as the weight where the layer has none: the sums do not depend on it, and no device's
+        # kernel then meets a missing weight (only the CPU's is tested here)
         _, local_dy_xhat, local_dy = torch.ops.aten.native_batch_norm_backward(
-            dy, xa, None, None, None, mean, invstd, True, ctx.eps, [False, True, True]
+            dy, xa, torch.ones_like(mean), None, None, mean, invstd, True, ctx.eps, [False, True, True]
         )
         dx = None
         if ctx.needs_input_grad[0]:  # the same on every rank (one model), so every rank reduces or none

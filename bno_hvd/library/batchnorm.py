@@ -117,7 +117,7 @@ class UpdateContext:
 
 class _GlobalNorm(torch.autograd.Function):
     """torch's own kernels around the two allreduces (each a pass or two over the layer's input,
-    a third of the time of the same arithmetic in separate tensor operations on a CPU):
+    about half the CPU time of the same arithmetic in separate tensor operations):
     ``batch_norm_update_stats`` for this rank's moments, an eval-mode ``batch_norm`` with the
     global moments for the output and for the input gradient's global terms, and
     ``native_batch_norm_backward`` for the local sums of ``dy`` and ``dy * xhat``."""

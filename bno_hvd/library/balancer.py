@@ -180,7 +180,8 @@ class Balancer(SamplerFace):
         update = self.plan.done
         shares = self.plan.sizes(update)
         sizes = self.sampler.counts_at(self.sampler.position, shares)  # = shares unless split by work
-        mine = self.sampler.slice_at(self.sampler.position, shares, self.rank)[0]
+        slim = batch is not None and self.work is None and self.emulated_work is None and self.sampler.lengths is None
+        mine = None if slim else self.sampler.slice_at(self.sampler.position, shares, self.rank)[0]
         if batch is None:
             indices, size = mine, len(mine)
         else:

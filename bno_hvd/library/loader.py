@@ -120,7 +120,7 @@ class UnevenBatchSampler:
             idx, epochs = self.sampler.slice_at(position, sizes, self.rank)
             # a rank that sits this update out: one key that says so (a DataLoader fetches nothing
             # for an empty list of keys, and the loop still needs the update's Batch)
-            yield [(update, int(e), int(i)) for e, i in zip(epochs, idx)] or [(update, EMPTY, EMPTY)]
+            yield [(update, e, i) for e, i in zip(epochs.tolist(), idx.tolist())] or [(update, EMPTY, EMPTY)]
             position = position.advanced(self.sampler.batch_count(position, sizes), self.sampler.dataset_len)
             update += 1
 
@@ -175,7 +175,7 @@ class KeyedDataset(Dataset):
         update = keys[0][0]
         if keys[0][2] == EMPTY:
             return _Fetched(update, 0, collated=(), keys=())
-        sample_keys = tuple((int(k[1]), int(k[2])) for k in keys)
+        sample_keys = tuple((int(e), int(i)) for _, e, i in keys)
         try:
             if self.fast_tensors:  # an in-memory dataset: one gather per tensor, no per-sample calls
                 idx = torch.as_tensor([k[2] for k in keys])
@@ -198,7 +198,10 @@ class KeyedDataset(Dataset):
         probing = self.seed_samples and self.drawn_from is None
         names = list(GENERATORS) if probing else list(self.drawn_from or ())
         if not names:  # nothing to seed: a dataset that draws no random numbers
-            return [self._get(index) for _, _, index in keys]
+            out = []
+            for _, _, self._current in keys:
+                out.append(self.dataset[self._current])
+            return out
         in_worker = get_worker_info() is not None
         saved = None if in_worker else {n: GENERATORS[n][1]() for n in names}
         moved = set()

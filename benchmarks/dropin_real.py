@@ -63,7 +63,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="outside-10ms,outside-equal-10ms")
     parser.add_argument("--scripts", default="horovod,ddp", help="kinds of script: " + ", ".join(SCRIPTS))
-    parser.add_argument("--strategies", default="balanced,equal", help="the port's --strategy per run")
+    parser.add_argument(
+        "--strategies", default="balanced,equal", help="the port's --strategy per run (more of its flags after a space)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=200, help="timed updates per run")
     parser.add_argument("--warmup", type=int, default=30, help="updates before the timing starts")
@@ -92,7 +94,9 @@ def main() -> int:
             for r, order in enumerate(round_orders([f"{v.kind}/{v.name}" for v in runs], args.rounds, args.seed)):
                 for label in order:
                     variant = next(v for v in runs if f"{v.kind}/{v.name}" == label)
-                    where = os.path.join(out, profile.name, f"round{r}", label.replace("/", "-").replace(":", "-"))
+                    where = os.path.join(
+                        out, profile.name, f"round{r}", label.replace("/", "-").replace(":", "-").replace(" ", "")
+                    )
                     steps, cpu = run(variant, where, twins, data, confined, args.warmup + args.updates)
                     rate = stamps_rate(steps, RANKS * PER_RANK.get(variant.kind, BATCH), args.warmup)
                     rates[(variant.kind, variant.name)].append(rate)

@@ -56,13 +56,17 @@ class Variant:
 
 def variants(kind: str, strategies: list[str]) -> list[Variant]:
     """The plain twin of ``kind``'s example, and its port with each strategy (the first is the
-    port's default flags when it is ``balanced``, the examples' default)."""
+    port's default flags when it is ``balanced``, the examples' default). A strategy may carry
+    more of the port's flags after a space (``"balanced --local-batchnorm"``)."""
     example = SCRIPTS[kind][0]
     flags = FLAGS.get(kind, ())
     runs = [Variant(kind, PLAIN, "twin", flags)]
     prefix = "train" if kind == "train" else "port"  # bno-hvd's own loop, or the script's port
-    for strategy in strategies:
-        runs.append(Variant(kind, f"{prefix}:{strategy}", example, (*flags, "--strategy", strategy)))
+    for entry in strategies:
+        strategy, *more = entry.split()
+        runs.append(
+            Variant(kind, f"{prefix}:{' '.join(entry.split())}", example, (*flags, "--strategy", strategy, *more))
+        )
     return runs
 
 

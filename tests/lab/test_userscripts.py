@@ -45,6 +45,11 @@ def test_each_kind_runs_its_plain_twin_and_its_port_per_strategy():
     assert TWIN_OF["train"] == "horovod"  # bno-hvd train meets the plain Horovod script on its model
     trainer = variants("trainer", ["balanced"])
     assert [v.args for v in trainer] == [("--cpu",), ("--cpu", "--strategy", "balanced")]
+    local = variants("lightning", ["balanced  --local-batchnorm"])[1]  # more of the port's flags after a space
+    assert (local.name, local.args) == (
+        "port:balanced --local-batchnorm",
+        ("--strategy", "balanced", "--local-batchnorm"),
+    )
     # its runs keep the example's own --batch-size, which the rate counts as sequences per rank
     source = open(os.path.join(ROOT, SCRIPTS["trainer"][0])).read()
     assert f'"--batch-size", type=int, default={PER_RANK["trainer"]},' in source

@@ -42,6 +42,7 @@ def parse_args():
     parser.add_argument("--data-dir", help="a folder holding FashionMNIST/raw/ [the project's data folder]")
     parser.add_argument("--strategy", default="balanced", help="how bno-hvd splits each global batch")  # bno-hvd: added
     parser.add_argument("--rebalance-every", type=int, default=10, help="updates between two splits")  # bno-hvd: added
+    parser.add_argument("--local-batchnorm", action="store_true", dest="bn", help="BatchNorm per rank")  # bno-hvd: added
     return parser.parse_args()
 
 
@@ -110,7 +111,7 @@ def main():
     model = FashionClassifier(data_dir, args.batch_size, args.lr)
     every = args.checkpoint_every or None
     checkpoints = ModelCheckpoint(dirpath=args.log_dir, every_n_train_steps=every, save_top_k=-1, save_last=False)
-    strategy = bno.lightning.BalancedStrategy(args.strategy, args.rebalance_every)  # bno-hvd: was strategy = "ddp"
+    strategy = bno.lightning.BalancedStrategy(args.strategy, args.rebalance_every, local_batchnorm=args.bn)  # bno-hvd: was strategy = "ddp"
     trainer = L.Trainer(
         strategy=strategy,
         accelerator="cpu",

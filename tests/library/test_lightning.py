@@ -7,7 +7,8 @@
   of the weighting hook (tests/support/unweighted.py) it does not;
 - Lightning's own launcher (``python script.py``: Lightning starts the ranks) runs it too and logs
   every rank's batch size through the Trainer's logger;
-- so does the script with Lightning's ``sync_batchnorm=True``;
+- so does the script with Lightning's ``sync_batchnorm=True``; with ``local_batchnorm=True``
+  BatchNorm stays per rank (it trains, and no longer as one process);
 - a run resumed from a checkpoint taken mid-epoch equals the uninterrupted run;
 - what BalancedStrategy refuses is one ``bno-hvd: error:`` line and exit 2 on every rank.
 """
@@ -95,6 +96,22 @@ def test_lightnings_sync_batchnorm_under_the_strategy_stays_exact(tmp_path, data
 
 @pytest.mark.mpi
 @TORCHRUN_EXIT_HANG
+def test_local_batchnorm_keeps_each_ranks_statistics_and_so_leaves_one_process(tmp_path, data, one_process):
+    """``BalancedStrategy(local_batchnorm=True)`` (the example's ``--local-batchnorm``): BatchNorm by
+    each rank's own batch, as Lightning's DDP; the same uneven splits (a rank at 1 sample) then
+    train, but no longer as one process (the exact run of the same splits is, test above)."""
+    _, single, _ = one_process
+    args = [*ARGS, "--data-dir", data, "--batch-size", "4", "--local-batchnorm"]
+    proc, multi, sizes = run_lightning(4, tmp_path / "four", args)
+    assert any(1 in s for s in zip(*sizes)) and "Traceback" not in proc.stderr
+    assert all(torch.isfinite(v).all() for v in multi.values())
+    rel = max_relative_difference(multi, single)
+    print(f"lightning with local_batchnorm: 4 ranks vs 1 process: max relative difference {rel:.2e}")
+    assert rel > 1e-6
+
+
+@pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
 def test_a_run_resumed_from_a_mid_epoch_checkpoint_equals_the_uninterrupted_one(tmp_path, data):
     four = [*ARGS, "--data-dir", data, "--batch-size", "4", "--max-steps", "45"]
     _, whole, whole_sizes = run_lightning(4, tmp_path / "whole", four)
@@ -134,6 +151,7 @@ def test_lightning_launches_the_ranks_itself_and_logs_each_ranks_batch_size(tmp_
 REFUSALS = {
     "rank 0 at 0 samples": (["--strategy", "fixed:0,8,8,16"], "rank 0's >= 1"),
     "a changing global batch": (["--strategy", "bno"], "strategy bno changes the global batch"),
+    "local and synced BatchNorm": (["--local-batchnorm", "--sync-batchnorm"], "local_batchnorm=True keeps BatchNorm"),
 }
 
 
@@ -164,6 +182,7 @@ CONSTRUCTION = {
     "micro": ({"max_batch": 8}, "a memory cap (max_batch=) runs micro-batches, which Lightning's loop does not"),
     "hook": ({"ddp_comm_hook": print}, "BalancedStrategy registers its own DDP communication hook"),
     "spawn": ({"start_method": "spawn"}, "start_method='spawn' is not supported by BalancedStrategy"),
+    "local_batchnorm": ({"local_batchnorm": "yes"}, "local_batchnorm must be True or False, got 'yes'"),
 }
 
 

@@ -8,8 +8,9 @@
   (``Balancer.for_world(dataset, B)``: the global batch is B x world size, split per rank by the
   strategy, ``balanced`` by default, rebalanced every ``rebalance_every`` updates); its loading
   options (``num_workers``, ``pin_memory``, ``collate_fn``, ...) are kept;
-- the LightningModule's dropout and BatchNorm are made exact (:func:`bno_hvd.exact`) and the
-  module is wrapped by :func:`bno_hvd.DistributedDataParallel` (the weighting communication hook),
+- the LightningModule's dropout and BatchNorm are made exact (:func:`bno_hvd.exact`; with
+  ``local_batchnorm=True`` BatchNorm stays per rank, as in Lightning's own DDP) and the module is
+  wrapped by :func:`bno_hvd.DistributedDataParallel` (the weighting communication hook),
   so each update is one process's on the whole global batch;
 - each rank's batch size is logged through the Trainer's logger (``bno/batch_size/rank<r>``): ``log()``
   at the first update and where the split changes, Lightning keeps the last value in every row;
@@ -43,9 +44,11 @@ from torch.utils.data._utils.collate import default_collate
 
 from bno_hvd.allocation import Strategy, make_strategy
 from bno_hvd.allocation.sampler import updates_left
+from bno_hvd.common.arguments import check_flag
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.balancer import Balancer
 from bno_hvd.library.ddp import balance_ddp
+from bno_hvd.library.dropout import exact_dropout
 from bno_hvd.library.exact import exact
 from bno_hvd.library.frameworks import all_arrived
 from bno_hvd.library.frameworks.lightning_sitout import SAT_OUT, EpochEnd, prepare_first_update, sat_out_loss
@@ -78,6 +81,9 @@ class BalancedStrategy(DDPStrategy):
         seed: the sample order and the per-sample dropout seeds (None: ``L.seed_everything``'s
             seed, as Lightning's ``DistributedSampler`` takes it, else 0).
         global_batch: the global batch, when it is not B x world size.
+        local_batchnorm: BatchNorm normalises each rank's batch by its own statistics, as Lightning's
+            DDP does without ``sync_batchnorm`` (not exact under uneven batches, and no rank sits
+            out: DDP then syncs the buffers at every forward); False: by the global batch's (exact).
         **options: the Balancer's ``window``, ``lag``, ``monitor``, ``report_filter``, ``sit_out``
             (False: no rank ever gets 0 samples); the rest
             goes to ``DDPStrategy`` (``find_unused_parameters``, ``process_group_backend``, ...).
@@ -88,8 +94,11 @@ class BalancedStrategy(DDPStrategy):
         trainer.fit(model)      # model.train_dataloader(): DataLoader(train_set, batch_size=64, shuffle=True)
     """
 
-    def __init__(self, strategy="balanced", rebalance_every=10, *, seed=None, global_batch=None, **options):
+    def __init__(
+        self, strategy="balanced", rebalance_every=10, *, seed=None, global_batch=None, local_batchnorm=False, **options
+    ):
         one_line_errors()
+        self.local_batchnorm = check_flag("local_batchnorm", local_batchnorm)
         for key in options:
             if key in REFUSED:
                 raise UsageError(REFUSED[key])
@@ -220,7 +229,10 @@ class BalancedStrategy(DDPStrategy):
             refuse(str(err))
 
     def _wrap(self, balancer: Balancer) -> None:
-        module = exact(self.lightning_module, balancer)  # Lightning's own DDP wraps the LightningModule too
+        if self.local_batchnorm and any(isinstance(m, torch.nn.SyncBatchNorm) for m in self.lightning_module.modules()):
+            refuse("local_batchnorm=True keeps BatchNorm per rank, sync_batchnorm=True syncs it: choose one")
+        convert = exact_dropout if self.local_batchnorm else exact
+        module = convert(self.lightning_module, balancer)  # Lightning's own DDP wraps the LightningModule too
         options = {"device_ids": self.determine_ddp_device_ids(), **self._ddp_kwargs}
         try:
             ddp = torch.nn.parallel.DistributedDataParallel(module, **options)

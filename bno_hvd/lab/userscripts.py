@@ -63,10 +63,8 @@ def variants(kind: str, strategies: list[str]) -> list[Variant]:
     runs = [Variant(kind, PLAIN, "twin", flags)]
     prefix = "train" if kind == "train" else "port"  # bno-hvd's own loop, or the script's port
     for entry in strategies:
-        strategy, *more = entry.split()
-        runs.append(
-            Variant(kind, f"{prefix}:{' '.join(entry.split())}", example, (*flags, "--strategy", strategy, *more))
-        )
+        strategy, *more = words = entry.split()
+        runs.append(Variant(kind, f"{prefix}:{' '.join(words)}", example, (*flags, "--strategy", strategy, *more)))
     return runs
 
 

@@ -198,10 +198,7 @@ class KeyedDataset(Dataset):
         probing = self.seed_samples and self.drawn_from is None
         names = list(GENERATORS) if probing else list(self.drawn_from or ())
         if not names:  # nothing to seed: a dataset that draws no random numbers
-            out = []
-            for _, _, self._current in keys:
-                out.append(self.dataset[self._current])
-            return out
+            return [self._get(index) for _, _, index in keys]
         in_worker = get_worker_info() is not None
         saved = None if in_worker else {n: GENERATORS[n][1]() for n in names}
         moved = set()

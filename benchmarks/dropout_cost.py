@@ -75,7 +75,7 @@ def measure(args) -> dict:
     models = {name: make(copy.deepcopy(base)).train() for name, make in makers.items()}
     # the ablation: masks by torch operations on the CPU too, as on a GPU, instead of numpy's
     contexts = {name: contextlib.nullcontext() for name in models}
-    contexts["torch-masks"] = mock.patch.object(dropout, "keep_mask", torch_keep_mask)
+    contexts["torch-masks"] = mock.patch.object(dropout, "scaled_mask", torch_scaled_mask)
     rng = np.random.default_rng(0)
     times = {name: [] for name in models}
     names = list(models)
@@ -89,8 +89,9 @@ def measure(args) -> dict:
     return times
 
 
-def torch_keep_mask(terms, shape, p, device):
-    return (mask_bits(torch.from_numpy(terms).to(device), math.prod(shape)) >= math.ceil(p * 2**32)).view(-1, *shape)
+def torch_scaled_mask(terms, shape, p, like):
+    keep = mask_bits(torch.from_numpy(terms), math.prod(shape)) >= math.ceil(p * 2**32)
+    return keep.view(-1, *shape).to(like.dtype).mul_(1.0 / (1.0 - p) if p < 1 else 0.0)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ Usage::
 
     terms = row_terms(sample_seeds(seed, keys)) ^ call_terms(call)   # (2, rows, 1): dropout_seed's
     keep = keep_mask(terms, shape, p, x.device)                       # (rows, *shape) booleans
+    scale = scaled_mask(terms, shape, p, x)                           # x * scale: the dropout
 """
 
 from __future__ import annotations
@@ -86,13 +87,32 @@ def keep_mask(terms: np.ndarray, shape: tuple, p: float, device: torch.device) -
     """``(rows, *shape)`` booleans on ``device``, each True with probability 1 - p
     (``bits / 2**32 >= p``), for the rows of :func:`row_terms` ``terms``; element ``j`` of a row is
     its ``j``-th in row-major order."""
-    n = math.prod(shape)
-    if n >= 2**32:
-        raise UsageError(f"exact_dropout: a mask row of {n} elements; at most 2**32 - 1 per sample")
-    threshold = math.ceil(p * 2**32)
+    n, threshold = _size_and_threshold(shape, p)
     if device.type == "cpu":
         return torch.from_numpy(mask_bits_numpy(terms, n).reshape(-1, *shape) >= threshold)
     return (mask_bits(torch.from_numpy(terms).to(device), n) >= threshold).view(-1, *shape)
+
+
+def scaled_mask(terms: np.ndarray, shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
+    """What a dropout multiplies by: :func:`keep_mask` in ``like``'s dtype and device, its kept
+    elements ``1 / (1 - p)``. For a float32 or float64 tensor on the CPU, one numpy product of the
+    mask and the scale instead of torch's conversion and product (the same values)."""
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    kind = _NUMPY_FLOATS.get(like.dtype) if like.device.type == "cpu" else None
+    if kind is None:
+        return keep_mask(terms, shape, p, like.device).to(like.dtype).mul_(scale)
+    n, threshold = _size_and_threshold(shape, p)
+    return torch.from_numpy(((mask_bits_numpy(terms, n) >= threshold) * kind(scale)).reshape(-1, *shape))
+
+
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _size_and_threshold(shape: tuple, p: float) -> tuple[int, int]:
+    n = math.prod(shape)
+    if n >= 2**32:
+        raise UsageError(f"exact_dropout: a mask row of {n} elements; at most 2**32 - 1 per sample")
+    return n, math.ceil(p * 2**32)
 
 
 def mask_bits(terms: torch.Tensor, n: int) -> torch.Tensor:

@@ -22,8 +22,8 @@ rows); alpha dropout is not covered; activation checkpointing (``torch.utils.che
 re-runs a forward in the backward, outside the model's hooks, where other masks would be drawn)
 around a dropout call; each is refused with one line (:func:`refuse_checkpointing`). A dropout
 called by another name in a later forward only (not the first) is not detected (docs/exactness.md).
-Cost: forward + backward of the example's Net (batch 32, float32, one thread) takes 1.09x its time
-with torch's own dropout (1.08x on a quiet machine), measured by
+Cost: forward + backward of the example's Net (batch 32, float32, one thread) takes 1.07x its time
+with torch's own dropout (alone, 2026-12-01), measured by
 ``benchmarks/dropout_cost.py --rounds 2000`` (docs/exactness.md#cost-of-exact-dropout).
 """
 
@@ -41,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from bno_hvd.common.arguments import describe
 from bno_hvd.common.errors import UsageError
-from bno_hvd.library.dropmask import call_terms, keep_mask, row_terms, sample_seeds
+from bno_hvd.library.dropmask import call_terms, row_terms, sample_seeds, scaled_mask
 
 __all__ = ["exact_dropout", "SampleDropout"]
 
@@ -135,9 +135,7 @@ class SampleDropout(TorchFunctionMode):
         if keys != self._keys:  # once per batch: each sample's terms
             self._keys, self._terms = tuple(keys), row_terms(sample_seeds(self.seed, keys))
         terms = self._terms ^ call_terms(call)  # those of dropout_seed(seed, epoch, index, call)
-        scale = keep_mask(terms, shape, p, x.device).to(x.dtype)  # the mask's size (one value per channel in 2d)
-        if p < 1:
-            scale.mul_(1.0 / (1.0 - p))
+        scale = scaled_mask(terms, shape, p, x)  # the mask's size (one value per channel in 2d)
         return x.mul_(scale) if inplace else x * scale  # one pass over x, one node in the backward
 
 

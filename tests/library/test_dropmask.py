@@ -20,6 +20,7 @@ from bno_hvd.library.dropmask import (
     mask_bits_numpy,
     row_terms,
     sample_seeds,
+    scaled_mask,
 )
 from bno_hvd.library.dropout import SampleDropout
 from bno_hvd.library.loader import sample_seed
@@ -85,6 +86,17 @@ def test_p_one_keeps_nothing_and_a_tiny_p_keeps_nearly_all():
     terms = keys_of(0, [(0, i) for i in range(64)], 0)
     assert not keep_mask(terms, (100,), 1.0, CPU).any()
     assert keep_mask(terms, (100,), 1e-9, CPU).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.25, 0.5, 1.0])
+def test_the_scaled_mask_is_the_mask_times_its_scale_bit_for_bit(dtype, p):
+    # numpy's product on the CPU for float32/64, torch's conversion and product otherwise: the same values
+    terms = keys_of(4, [(0, i) for i in range(16)], 1)
+    scale = scaled_mask(terms, (3, 5), p, torch.zeros(1, dtype=dtype))
+    expected = keep_mask(terms, (3, 5), p, CPU).to(dtype) * (1.0 / (1.0 - p) if p < 1 else 0.0)
+    assert scale.dtype == dtype and scale.shape == (16, 3, 5) and torch.equal(scale, expected)
+    assert p == 1.0 or (scale != 0).any()
 
 
 def agreement(a, b):

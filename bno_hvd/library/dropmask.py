@@ -93,6 +93,9 @@ def keep_mask(terms: np.ndarray, shape: tuple, p: float, device: torch.device) -
     return (mask_bits(torch.from_numpy(terms).to(device), n) >= threshold).view(-1, *shape)
 
 
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}  # scaled_mask's numpy path
+
+
 def scaled_mask(terms: np.ndarray, shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
     """What a dropout multiplies by: :func:`keep_mask` in ``like``'s dtype and device, its kept
     elements ``1 / (1 - p)``. For a float32 or float64 tensor on the CPU, one numpy product of the
@@ -103,9 +106,6 @@ def scaled_mask(terms: np.ndarray, shape: tuple, p: float, like: torch.Tensor) -
         return keep_mask(terms, shape, p, like.device).to(like.dtype).mul_(scale)
     n, threshold = _size_and_threshold(shape, p)
     return torch.from_numpy(((mask_bits_numpy(terms, n) >= threshold) * kind(scale)).reshape(-1, *shape))
-
-
-_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _size_and_threshold(shape: tuple, p: float) -> tuple[int, int]:

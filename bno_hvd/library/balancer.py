@@ -121,8 +121,8 @@ class Balancer(SamplerFace):
         self.limit = BindingLimit()
         self.warnings = WarningLog()  # the one channel: the loop prints what is new on rank 0
         self.gradients_weighted = False  # a drop-in weights the gradients, not the loss: BatchNorm's frame
-        self._step: Step | None = None
-        self._computed = False  # end_compute() came for the open step
+        self._step, self._computed = None, False  # the open step (a Step), and whether end_compute() came for it
+        self.before_step = None  # called as each update starts, before its split is read (bno.elastic's boundary)
         self._sat_out = False  # this rank had no samples in its last update
         self._someone_out = False  # ... some rank had none
 
@@ -177,6 +177,8 @@ class Balancer(SamplerFace):
 
     def start_step(self, batch: Batch | None = None) -> Step:
         """Begin an update: this rank's work and loss weight. ``batch`` comes from :meth:`loader`."""
+        if self.before_step is not None:
+            self.before_step()
         update = self.plan.done
         shares = self.plan.sizes(update)
         sizes = self.sampler.counts_at(self.sampler.position, shares)  # = shares unless split by work
@@ -345,6 +347,4 @@ class Balancer(SamplerFace):
 
 
 def _own_row(rank: int, size: int) -> np.ndarray:
-    row = np.full(size, np.nan)
-    row[rank] = 0.0
-    return row
+    return np.where(np.arange(size) == rank, 0.0, np.nan)

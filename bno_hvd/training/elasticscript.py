@@ -16,8 +16,11 @@ agent's next generation and calls the function again. What training with ``--ela
   update in the sample ledger (:mod:`bno_hvd.training.ledger`) before anything collective follows
   it. A failed allreduce raises in the backward (DDP waits for every bucket's future there), so no
   rank steps on one; an allreduce that completed on a rank holds every rank's contribution.
-- *the boundary*: after each committed step rank 0 asks the agent's store for a newer generation
-  and tells every rank (one small broadcast), so all leave at the same update boundary.
+- *the boundary*: as each update starts (the Balancer's ``start_step``, as the loader hands out
+  its batch) rank 0 asks the agent's store for a newer generation and tells every rank (one small
+  broadcast), so all leave at the same update boundary, and only while an update is left: a change
+  that comes after an epoch's last update lets the script evaluate that epoch first, one after the
+  job's last update lets the job finish (a worker waiting to join then ends with 0).
 - *the stream*: :meth:`State.epochs` sets the generation's Balancer to the ledger's position and
   update count (``resume_stream``), so the loader's next ``for`` goes on from there with the new
   split, and returns the epochs left.
@@ -126,6 +129,7 @@ class State:
         if self.balancer is not None and self.balancer is not balancer:
             self.balancer._step = None  # the last generation's hooks see no step in progress: they do nothing
         self.balancer = balancer
+        balancer.before_step = self._boundary
         resume_stream(balancer, self.entries)
         log_dir = self.log_dir if self.world.rank == 0 else None
         sampler = balancer.sampler
@@ -136,7 +140,7 @@ class State:
         self.started = True
 
     def _stepped(self, optimizer, args, kwargs) -> None:
-        """A step of this state's optimizer: the update is committed; then the update boundary."""
+        """A step of this state's optimizer: the update is committed."""
         if optimizer is not self.optimizer or self.ledger is None or self.balancer.current_step is None:
             return
         self.ledger.before_compute(self.balancer.current_step)
@@ -144,6 +148,9 @@ class State:
         if self.world.rank == 0:
             self.membership.trained()
         self.buffers = _buffers(self.model)
+
+    def _boundary(self) -> None:
+        """An update starts (this generation's Balancer): every rank leaves for a newer generation, if any."""
         comm = self.world.control_comm
         newer = self.membership.latest() if comm.Get_rank() == 0 else None
         newer = comm.bcast(newer, root=0)

@@ -50,3 +50,45 @@ def test_the_hooks_of_a_ddp_model_go_with_it(tmp_path):
         counts = eval(found.group(1))  # noqa: S307 - our own script's list of tuples
         assert counts[0][3] == 4 and len(set(counts)) == 1, counts  # trained each time; no hook left over
         assert counts[0][:3] == (1, 1, 1), counts  # one of each: the step's ends, sit-out's, its last step
+
+
+BOUNDARY = """
+import sys
+import torch, torch.distributed as dist
+import bno_hvd as bno
+
+dist.init_process_group("gloo")
+data = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+sampler = bno.Balancer.for_world(data, 4, "random", seed=3, sit_out=False)
+events = []
+sampler.before_step = lambda: events.append(("start", sampler.update, sampler.current_step is None))
+ddp = bno.DistributedDataParallel(model, balancer=sampler)
+for epoch in range(2):
+    for x, y in bno.DataLoader(data, sampler=sampler):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    events.append(("evaluate", sampler.update, sampler.current_step is None))
+sys.stdout.write(f"rank {dist.get_rank()}: {events}\\n")
+sys.stdout.flush()
+dist.destroy_process_group()
+"""
+
+
+def test_before_step_runs_as_each_update_starts_and_never_after_an_epochs_last(tmp_path):
+    """``Balancer.before_step``, bno.elastic's update boundary: called once per update as its batch
+    is handed out, with the last update finished; none after an epoch's last update, so a newer
+    generation found there leaves after the script's evaluation, and after the job's last, never."""
+    script = tmp_path / "boundary.py"
+    script.write_text(BOUNDARY)
+    proc = torchrun(2, [str(script)], timeout=120)
+    assert_ok(proc)
+    for rank in range(2):
+        found = re.search(rf"rank {rank}: (\[[^\[\]]*\])", proc.stdout)
+        assert found, proc.stdout
+        events = eval(found.group(1))  # noqa: S307 - our own script's list of tuples
+        expected = [("start", u, True) for u in range(5)] + [("evaluate", 5, True)]  # 40 samples, 8 an update
+        expected += [("start", u, True) for u in range(5, 10)] + [("evaluate", 10, True)]
+        assert events == expected, events

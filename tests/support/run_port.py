@@ -98,11 +98,12 @@ def main() -> None:
     rank = int(
         os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", seen.pop("rank", 0)))
     )  # mpirun's, torchrun's
-    with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
-        json.dump(seen["sizes"], fh)
-    if rank == 0:
-        torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
-    open(os.path.join(out, f"done-{rank}"), "w").close()
+    if seen["model"] is not None:  # (an elastic worker ran none: a joiner whose generation had no update left)
+        with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
+            json.dump(seen["sizes"], fh)
+        if rank == 0:
+            torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
+        open(os.path.join(out, f"done-{rank}"), "w").close()
     # Why the group is kept: a DDP script (torch's tutorial, the plain twin) calls destroy_process_group()
     # while its DDP model lives; the model, freed when main() returns, then holds the last reference to
     # the Gloo group, and torch frees it from the DDP's Reducer with the GIL held: ~ProcessGroupGloo

@@ -6,6 +6,7 @@ repeated), and the final parameters equal the plain port (examples/ddp_mnist.py)
 the same global batches (max relative difference <= 1e-10), while the split changes at every
 update (``--strategy random``, a rank at 1 sample)."""
 
+import signal
 import subprocess
 import sys
 
@@ -50,19 +51,19 @@ def one_process(tmp_path_factory, data):
     return reference
 
 
-def script_command(out, data, epochs, log, batchnorm=False) -> list[str]:
+def script_command(out, data, epochs, log, batchnorm=False, timeout=5) -> list[str]:
     """A worker's command: the example under tests/support/run_port.py (rank 0 saves ``out/model.pt``)."""
     example = [WITH_BATCHNORM, "--exact", ELASTIC_EXAMPLE] if batchnorm else [ELASTIC_EXAMPLE]  # bno.exact
     script = [sys.executable, "tests/support/run_port.py", str(out), *example, *ARGS, "--data-dir", data]
     script += ["--epochs", str(epochs)]
-    script += ["--batch-size", "4", "--global-batch", str(GLOBAL), "--lr", "0.01", "--elastic-timeout", "5"]
+    script += ["--batch-size", "4", "--global-batch", str(GLOBAL), "--lr", "0.01", "--elastic-timeout", str(timeout)]
     return [*script, "--log-dir", str(log)]
 
 
-def elastic_job(tmp_path, data, nproc, epochs, batchnorm=False):
+def elastic_job(tmp_path, data, nproc, epochs, batchnorm=False, timeout=5):
     out = tmp_path / "out"
     out.mkdir()
-    script = script_command(out, data, epochs, tmp_path / "elastic", batchnorm)
+    script = script_command(out, data, epochs, tmp_path / "elastic", batchnorm, timeout)
     job = ElasticJob(tmp_path, data, nproc=nproc, script=script, timeout=150)
     job.model, job.epochs = out / "model.pt", epochs
     return job
@@ -110,6 +111,34 @@ def test_a_worker_joins_then_rank_0_leaves_and_the_ddp_script_stays_exact(tmp_pa
     assert members[0] == (0, 1) and len(set(members)) == 3 and members[-1] == (1, 2), sorted(set(members))
     joined = members.index((0, 1, 2))
     assert all(e["sizes"][2] > 0 for e in entries[joined : members.index((1, 2))])  # the newcomer computes at once
+    tests = (tmp_path / "agent.out").read_text().count("test set: mean loss")  # a join or a leave waits for the
+    assert tests == 3, f"{tests} evaluations in 3 epochs"  # next update: after an epoch's last, its evaluation
+
+
+@pytest.mark.mpi
+@pytest.mark.alone
+def test_a_join_published_during_the_last_update_lets_the_job_finish_and_evaluate(tmp_path, data, one_process):
+    """The matrix's seed 0 on a fast machine (CI of 7093354): the job's last update ran as a joiner's
+    generation was published. Here both workers are stopped (SIGSTOP) in their last update until the
+    agent publishes the joiner, then resumed: before that update's start they form the generation with
+    the joiner, which trains it; past it, they finish and evaluate, and the joiner ends with 0. Before,
+    they left at the last update's optimizer step, skipped the last evaluation, and formed a generation
+    with nothing left to train with the joiner, which never ran the model (its run_port.py failed)."""
+    job = elastic_job(tmp_path, data, 2, epochs=1, timeout=60)  # no collective times out while stopped
+    assert job.wait_updates(TRAIN // GLOBAL - 1), "the job ended before its last update"
+    workers = list(job.workers().values())
+    for worker in workers:
+        worker.suspend()
+    job.proc.send_signal(signal.SIGUSR1)
+    job.events.append("join at the last update")
+    published = job.wait_generation(2, limit=120)
+    for worker in workers:
+        worker.resume()
+    assert published, open(job.err_path).read()
+    entries = check_job(job, one_process(1), [])
+    tests = (tmp_path / "agent.out").read_text().count("test set: mean loss")
+    assert tests == 1, f"{tests} evaluations in 1 epoch; {job.events}"
+    print(f"the last update's members {entries[-1]['members']}; {open(job.err_path).read().splitlines()[-1]}")
 
 
 @pytest.mark.mpi
@@ -136,9 +165,11 @@ def test_a_worker_paused_while_a_generation_forms_is_left_out_and_the_ddp_script
     without the worker that did not arrive; resumed, it joins again. Before: the others ended
     ('no new membership') and the paused worker went on alone."""
     schedule = [(40, "join-pause", 1)]
-    job = elastic_job(tmp_path, data, 4, epochs=2)  # 250 updates
+    # 500 updates: the joiner started in 19 s beside 4 busy workers on 2 cores, then the 4 ran the 67 updates
+    # left of 250 in 1.1 s and finished before the paused worker, resumed, was back (2026-12-01, a fast machine)
+    job = elastic_job(tmp_path, data, 4, epochs=4)
     job.run_schedule(schedule)
-    entries = check_job(job, one_process(2), schedule)
+    entries = check_job(job, one_process(4), schedule)
     check_paused_rejoined(job, entries)
 
 

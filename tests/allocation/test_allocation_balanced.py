@@ -221,3 +221,19 @@ def test_a_trials_noise_threshold_grows_with_the_number_of_ranks():
     for n in (4, 64):  # P(max of n standard normals > threshold) = 5%
         assert 1 - NormalDist().cdf(sigmas_for(n)) ** n == pytest.approx(0.05, rel=0.03)
     assert make_strategy("balanced", 64, 32).sigmas == pytest.approx(sigmas_for(64))
+
+
+def test_a_rank_measured_at_one_small_size_is_no_faster_per_sample_than_a_typical_one():
+    # test_sit_out's overshoot (2026-12-01): rank 3, back at 1 sample (5.5 ms a step) beside a fixed
+    # cost of 3.49 samples that the others' steps (14.3 ms + 4.1 ms a sample) had set, was fitted
+    # 1.2 ms a sample and got 21 of 32 samples ([3, 4, 4, 21]); it is the typical rank until it is
+    # measured at a second size, and then its own fit drives the split
+    c, k = 4.1e-3, 3.5
+    s = make_strategy("balanced", 4, 8, deadband=0.0)
+    assert s.rebalance(metrics([1.0] * 4, samples=[[(8, c * (k + 8)), (16, c * (k + 16))]] * 4), [8] * 4, 10) == [8] * 4
+    steady = [(10, c * (k + 10)), (11, c * (k + 11))]
+    assert s.rebalance(metrics([1.0] * 4, samples=[steady] * 3 + [[(1, 5.5e-3)] * 8]), [10, 10, 11, 1], 20) == [8] * 4
+    assert s.last_model["per_sample_ms"] == [4.103] * 4, s.last_model
+    fast = [(1, 5.5e-3)] * 4 + [(8, 1.2e-3 * (k + 8))] * 4  # measured at 8 too: 1.2 ms a sample after all
+    got = s.rebalance(metrics([1.0] * 4, samples=[steady] * 3 + [fast]), [8] * 4, 30)
+    assert got[3] > 16 and sum(got) == 32, got

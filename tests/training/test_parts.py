@@ -145,6 +145,9 @@ def test_the_run_queue_reads_every_thread_and_closes_the_files_of_threads_that_e
     used = time.process_time() - cpu
     ran, waited = queue.read()
     assert ran >= 0.9 * used and waited >= 0
+    assert str(worker.native_id) not in queue._fds  # listed again every RELIST reads, not at each
+    for _ in range(RunQueue.RELIST - 1):
+        queue.read()
     kept = queue._fds[str(worker.native_id)]
     stop.set()
     worker.join()

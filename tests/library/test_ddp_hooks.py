@@ -39,15 +39,7 @@ dist.destroy_process_group()
 
 
 def test_the_hooks_of_a_ddp_model_go_with_it(tmp_path):
-    script = tmp_path / "generations.py"
-    script.write_text(SCRIPT)
-    proc = torchrun(2, [str(script)], timeout=120)
-    assert_ok(proc)
-    for rank in range(2):
-        # found anywhere: unbuffered (PYTHONUNBUFFERED), the other rank's print may land mid-line
-        found = re.search(rf"rank {rank}: hooks per generation (\[[^\[\]]*\])", proc.stdout)
-        assert found, proc.stdout
-        counts = eval(found.group(1))  # noqa: S307 - our own script's list of tuples
+    for counts in each_ranks_list(tmp_path, SCRIPT, "hooks per generation "):
         assert counts[0][3] == 4 and len(set(counts)) == 1, counts  # trained each time; no hook left over
         assert counts[0][:3] == (1, 1, 1), counts  # one of each: the step's ends, sit-out's, its last step
 
@@ -84,14 +76,22 @@ def test_before_step_runs_as_each_update_starts_and_never_after_an_epochs_last(t
     """``Balancer.before_step``, bno.elastic's update boundary: called once per update as its batch
     is handed out, with the last update finished; none after an epoch's last update, so a newer
     generation found there leaves after the script's evaluation, and after the job's last, never."""
-    script = tmp_path / "boundary.py"
-    script.write_text(BOUNDARY)
-    proc = torchrun(2, [str(script)], timeout=120)
-    assert_ok(proc)
-    for rank in range(2):
-        found = re.search(rf"rank {rank}: (\[[^\[\]]*\])", proc.stdout)
-        assert found, proc.stdout
-        events = eval(found.group(1))  # noqa: S307 - our own script's list of tuples
+    for events in each_ranks_list(tmp_path, BOUNDARY):
         expected = [("start", u, True) for u in range(5)] + [("evaluate", 5, True)]  # 40 samples, 8 an update
         expected += [("start", u, True) for u in range(5, 10)] + [("evaluate", 10, True)]
         assert events == expected, events
+
+
+def each_ranks_list(tmp_path, source: str, label: str = "") -> list:
+    """Run ``source`` on 2 ranks under torchrun; the list each rank printed after ``rank R: label``."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    proc = torchrun(2, [str(script)], timeout=120)
+    assert_ok(proc)
+    lists = []
+    for rank in range(2):
+        # found anywhere: unbuffered (PYTHONUNBUFFERED), the other rank's print may land mid-line
+        found = re.search(rf"rank {rank}: {label}(\[[^\[\]]*\])", proc.stdout)
+        assert found, proc.stdout
+        lists.append(eval(found.group(1)))  # noqa: S307 - our own script's list of tuples
+    return lists

@@ -1,6 +1,7 @@
 """Installable without Horovod: a fresh venv with torch and this project (no Horovod, no mpi4py, no
-torchvision) trains with the torch engine under torchrun. (What a Horovod command says there is
-tests/cli/test_pip_install.py's part.)
+torchvision) trains with the torch engine under torchrun, and each framework adapter
+(``bno.lightning``, ``bno.accelerate``, ``bno.hf``), whose extra is not installed, ends the script
+with one line that names it. (What a Horovod command says there is tests/cli/test_pip_install.py's part.)
 
 The venv (made without pip: this interpreter's pip installs into it, ``--python``) gets torch as
 test_pip_install.py gives it PyTorch: the installed distribution and what it requires,
@@ -52,3 +53,15 @@ def test_a_venv_with_torch_alone_runs_the_torch_engine(tmp_path, fashion_availab
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "test accuracy:" in proc.stdout and "after 8 updates" in proc.stdout
     assert (out / "result.json").is_file()
+
+    # the frameworks' extras are not installed here: each adapter says in one line what to install
+    for name, extra in (("lightning", "lightning"), ("accelerate", "accelerate"), ("hf", "hf")):
+        for rank in ("0", "1"):  # every process exits 2; rank 0 alone prints the line
+            code = f"import os; os.environ['RANK'] = '{rank}'; import bno_hvd; bno_hvd.{name}.X"
+            proc = in_venv(venv, "python", "-c", code, cwd=tmp_path)
+            lines = proc.stderr.splitlines()
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            if rank == "0":
+                assert len(lines) == 1 and f"pip install 'bno-hvd[{extra}]'" in lines[0], proc.stderr[-2000:]
+            else:
+                assert not lines, proc.stderr[-2000:]

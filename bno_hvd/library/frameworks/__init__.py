@@ -15,6 +15,15 @@ import contextlib
 from bno_hvd.common.errors import UsageError
 
 
+def missing_extra(what: str, extra: str, err: ImportError):
+    """Raise the one line a framework module gives when its framework is not installed (at import,
+    before any drop-in constructor has made errors one line: so it does that first)."""
+    from bno_hvd.processes.world import one_line_errors
+
+    one_line_errors()
+    raise UsageError(f"{what}: pip install 'bno-hvd[{extra}]' ({err})") from None
+
+
 @contextlib.contextmanager
 def refused_alike(seconds: float = 60.0):
     """A :class:`UsageError` raised inside, which every process finds alike before training's first

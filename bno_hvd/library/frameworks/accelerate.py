@@ -32,11 +32,9 @@ try:
     import accelerate
     from accelerate.utils import send_to_device
 except ImportError as err:  # pragma: no cover - the extra is not installed
-    from bno_hvd.common.errors import UsageError
+    from bno_hvd.library.frameworks import missing_extra
 
-    raise UsageError(
-        f"bno.accelerate needs Hugging Face Accelerate: pip install 'bno-hvd[accelerate]' ({err})"
-    ) from None
+    missing_extra("bno.accelerate needs Hugging Face Accelerate", "accelerate", err)
 
 from bno_hvd.common.errors import UsageError
 from bno_hvd.library.ddp import balance_ddp

@@ -34,10 +34,10 @@ import torch
 
 try:
     from lightning.pytorch.strategies import DDPStrategy
-except ImportError:  # pragma: no cover - the extra is not installed
-    from bno_hvd.common.errors import UsageError
+except ImportError as err:  # pragma: no cover - the extra is not installed
+    from bno_hvd.library.frameworks import missing_extra
 
-    raise UsageError("bno.lightning needs PyTorch Lightning 2.x: pip install 'bno-hvd[lightning]'") from None
+    missing_extra("bno.lightning needs PyTorch Lightning 2.x", "lightning", err)
 
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils.collate import default_collate

@@ -32,9 +32,9 @@ from __future__ import annotations
 try:
     import transformers
 except ImportError as err:  # pragma: no cover - the extra is not installed
-    from bno_hvd.common.errors import UsageError
+    from bno_hvd.library.frameworks import missing_extra
 
-    raise UsageError(f"bno.hf needs Hugging Face transformers: pip install 'bno-hvd[hf]' ({err})") from None
+    missing_extra("bno.hf needs Hugging Face transformers", "hf", err)
 
 import torch
 

@@ -41,6 +41,13 @@ def run_lightning(np_, out, args, runner="tests/support/run_port.py"):
     return proc, torch.load(out / "model.pt", weights_only=True), sizes
 
 
+def logged_batch_sizes(logs) -> dict[int, tuple]:
+    """Rank 0's CSV log: the step of each row that logs the four batch sizes, and the sizes."""
+    [metrics] = list(logs.glob("lightning_logs/version_*/metrics.csv"))
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("bno/batch_size/rank0")]
+    return {int(r["step"]): tuple(int(float(r[f"bno/batch_size/rank{k}"])) for k in range(4)) for r in rows}
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, fashion_available):
     return write_fashion_subset(tmp_path_factory.mktemp("lightning-data"), FASHION_DIR, train=500, test=100)
@@ -71,6 +78,8 @@ def test_4_uneven_ranks_equal_one_process_and_plain_ddp_reduction_does_not(tmp_p
     print(f"lightning: 4 ranks vs 1 process: max relative difference {rel:.2e}")
     assert rel <= 1e-10
     assert "Traceback" not in proc.stderr
+    logged = logged_batch_sizes(tmp_path / "four" / "logs")  # through the Trainer's logger, as the split changes
+    assert logged == dict(enumerate(per_update)), (logged, per_update)  # each step's row: that step's split
 
     _, unweighted, plain_sizes = run_lightning(4, tmp_path / "unweighted", four, runner="tests/support/unweighted.py")
     assert plain_sizes == sizes  # the same batches; only the reduction differs

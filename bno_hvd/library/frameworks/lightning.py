@@ -112,7 +112,7 @@ class BalancedStrategy(DDPStrategy):
         self.split = strategy
         self.balancer: Balancer | None = None
         self.loader: BalancedLoader | None = None  # the training loader Lightning iterates
-        self.batch_sizes: list[int] = []  # every rank's batch of the update under way (logged)
+        self.logged: tuple = ()  # (epoch, every rank's batch) last logged
         self.first_update = True  # the next training_step is this process's first
         self.stepping = False  # inside the LightningModule's training_step (its sync_dist: the computing ranks)
         super().__init__(**options)
@@ -171,10 +171,11 @@ class BalancedStrategy(DDPStrategy):
             bal.sit_out.begin(bal.batch_sizes)  # rank 0's word to a rank out, its state to a rank back
         self.first_update = False
         step = bal.start_step(batch)
-        if list(step.batch_sizes) != self.batch_sizes:  # logged where the split changes: four log() calls
-            self.batch_sizes = list(step.batch_sizes)  # an update cost ~10% of it at equal CPU limits
+        logged = (self.lightning_module.current_epoch, list(step.batch_sizes))
+        if logged != self.logged:  # logged where the split changes and as each epoch starts (Lightning
+            self.logged = logged  # keeps a value to the epoch's end); four log() calls an update cost ~10%
             log = self.lightning_module.log
-            for r, size in enumerate(self.batch_sizes):
+            for r, size in enumerate(step.batch_sizes):
                 log(f"bno/batch_size/rank{r}", float(size), on_step=True, on_epoch=False, batch_size=1)
         if step.size == 0:  # this rank sits the update out: no forward, no backward, a step that changes nothing
             return sat_out_loss(self.root_device)
@@ -303,11 +304,7 @@ def _strategy(spec, world: int, batch: int, global_batch, seed: int) -> Strategy
         return spec
     if not isinstance(spec, str):
         raise UsageError(f"strategy must be a strategy's name or a bno.Strategy, got {type(spec).__name__}")
-    name, _, split = spec.partition(":")
-    sizes = None
-    if name == "fixed" and split and all(part.strip().isdigit() for part in split.split(",")):
-        spec, sizes = "fixed", [int(part) for part in split.split(",")]
-    return make_strategy(spec, world, batch, global_batch=global_batch, seed=seed, batch_sizes=sizes)
+    return make_strategy(spec, world, batch, global_batch=global_batch, seed=seed)
 
 
 def _loading_options(dataloader: DataLoader) -> dict:

@@ -13,14 +13,16 @@
 
 import difflib
 import json
+import os
 import re
 
 import pytest
 import torch
 from support.checks import max_relative_difference
-from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, assert_ok, python_cmd, torchrun
+from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, VENV_BIN, assert_ok, python_cmd, torchrun
 from support.port_twin import example_source, lint_failures, plain_twin, port_diff, port_markers
 from support.run_port import write_fashion_subset
+from support.slurm_cluster import free_ports
 
 EXAMPLE = f"{ROOT}/examples/accelerate_mnist.py"
 ARGS = ["--cpu", "--epochs", "2", "--strategy", "random", "--log-interval", "8", "--seed", "5"]
@@ -66,13 +68,14 @@ def test_the_accelerate_twin_and_the_example_keep_every_lint_and_format_rule():
     assert not failures, failures
 
 
-def run_accelerate(np_, out, script, args, without=None):
-    """``script`` on ``np_`` processes under torchrun through tests/support/run_port.py (float64;
-    sizes and the final model kept), or run_without.py with a mechanism taken out."""
+def run_accelerate(np_, out, script, args, without=None, launcher=None):
+    """``script`` on ``np_`` processes under torchrun (or ``launcher``) through
+    tests/support/run_port.py (float64; sizes and the final model kept), or run_without.py with a
+    mechanism taken out."""
     out.mkdir()
     runner = ["tests/support/run_port.py"] if without is None else ["tests/support/run_without.py", without]
     done = [out / f"done-{r}" for r in range(np_)]
-    proc = torchrun(np_, [*runner, str(out), str(script), *args], timeout=300, done=done)
+    proc = torchrun(np_, [*runner, str(out), str(script), *args], timeout=300, done=done, launcher=launcher)
     assert_ok(proc)
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     sizes = [json.loads((out / f"sizes-{r}.json").read_text()) for r in range(np_)]
@@ -132,6 +135,20 @@ def test_the_accelerate_port_on_4_uneven_processes_equals_one_process(tmp_path, 
     score = r"test set: mean loss [0-9.]+, accuracy [0-9.]+%"
     scores = re.findall(score, multi_proc.stdout)
     assert len(scores) == 2 and re.findall(score, single_proc.stdout)[-1] == scores[-1], scores
+
+
+@pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
+def test_the_accelerate_port_under_accelerate_launch_equals_one_process(tmp_path, data, one_process):
+    """Launched as docs/accelerate.md says Accelerate users launch on CPUs: ``accelerate launch
+    --multi_gpu --num_processes 4 ... --cpu`` (``--cpu`` of the launcher would start one process)."""
+    port = free_ports(1)[0]
+    launch = [os.path.join(VENV_BIN, "accelerate"), "launch", "--multi_gpu", "--num_processes", "4"]
+    launch += ["--num_machines", "1", "--main_process_port", str(port), "--mixed_precision", "no"]
+    launch += ["--dynamo_backend", "no"]
+    _, multi, sizes = run_accelerate(4, tmp_path / "launched", EXAMPLE, four(data), launcher=launch)
+    assert len(sizes) == 4 and min(min(s) for s in zip(*sizes)) == 1  # four processes of one job, uneven
+    assert max_relative_difference(multi, one_process[1]) <= 1e-10
 
 
 @pytest.mark.mpi

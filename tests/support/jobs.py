@@ -60,16 +60,19 @@ def horovodrun(np_, args, *, timeout=300, env=None, hostfile=None):
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=mpi_env(env), cwd=ROOT)
 
 
-def torchrun(np_, args, *, timeout=300, env=None, done=(), grace=20):
+def torchrun(np_, args, *, timeout=300, env=None, done=(), grace=20, launcher=None):
     """Run the Python script ``args[0]`` with ``args[1:]`` on ``np_`` local ranks under torchrun (a
-    rendezvous of its own on a free port: ``--standalone``); returns CompletedProcess. ``done``: the
+    rendezvous of its own on a free port: ``--standalone``), or under ``launcher`` (a command that
+    takes the script next, e.g. ``accelerate launch ...``); returns CompletedProcess. ``done``: the
     files the ranks write once their work is done (tests/support/run_port.py); when all exist and
     the job has not exited ``grace`` seconds later, it is killed and ExitHang raised (ExitAbort: a
     rank aborted at exit after they all were written). On any
     timeout torchrun and every process under it are killed (a rank hung at exit outlives torchrun)."""
     script = os.path.join(VENV_BIN, "torchrun")  # (a system python's torchrun may live elsewhere: run its module)
-    launcher = [script] if os.path.exists(script) else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [*launcher, "--standalone", "--nproc-per-node", str(np_)]
+    if launcher is None:
+        launcher = [script] if os.path.exists(script) else [sys.executable, "-m", "torch.distributed.run"]
+        launcher = [*launcher, "--standalone", "--nproc-per-node", str(np_)]
+    cmd = list(launcher)
     run_env = mpi_env({"OMP_NUM_THREADS": "1", **(env or {})})
     proc = subprocess.Popen(
         cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env, cwd=ROOT

@@ -61,7 +61,8 @@ def make_strategy(
 
     Args:
         name: ``balanced``, ``bno``, ``equal``, ``random``, ``fixed``, ``proportional``, ``lbbsp``
-            or ``paramhub``, optionally with options as a spec: ``balanced:deadband=0.1:sit_out=0``.
+            or ``paramhub``, optionally with options as a spec: ``balanced:deadband=0.1:sit_out=0``;
+            ``fixed:8,4,2,2`` is ``fixed`` with that split.
         n_ranks: the number of ranks N.
         base_batch_size: the per-rank base batch B.
         global_batch: the samples of one update (None: N*B).
@@ -77,6 +78,11 @@ def make_strategy(
         train_sampler = bno.Balancer.for_world(train_set, 32, strategy)
     """
     name, spec_options = split_spec(name)
+    if "batch_sizes" in spec_options:  # "fixed:8,4,2,2"
+        if batch_sizes is not None and list(batch_sizes) != spec_options["batch_sizes"]:
+            given = ",".join(map(str, spec_options["batch_sizes"]))
+            raise UsageError(f"fixed's split given twice: fixed:{given} and batch_sizes={list(batch_sizes)}")
+        batch_sizes = spec_options.pop("batch_sizes")
     options = {**spec_options, **options}
     check_sizes(n_ranks, base_batch_size, global_batch, seed)
     if name == "fixed":
@@ -94,13 +100,16 @@ def split_spec(spec: str) -> tuple[str, dict]:
     """``"balanced:deadband=0.1:sit_out=0"`` -> ``("balanced", {"deadband": 0.1, "sit_out": 0})``.
 
     A strategy with some of its options set, as ``--strategy`` and bench's ``--strategies`` take it
-    (a bench can so compare ``balanced`` with ``balanced:sit_out=0``, an ablation). Values
+    (a bench can so compare ``balanced`` with ``balanced:sit_out=0``, an ablation); ``"fixed:8,4,2,2"``
+    -> ``("fixed", {"batch_sizes": [8, 4, 2, 2]})``. Values
     are integers, floats, ``none``, ``true`` or ``false``; whether the option exists and its value
     fits is the strategy's check. :class:`UsageError` names what is wrong."""
     name, *parts = str(spec).split(":")
     name = name.strip()
     if name not in _CLASSES:
         raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}")
+    if name == "fixed" and len(parts) == 1 and all(p.strip().isdigit() for p in parts[0].split(",")):
+        return name, {"batch_sizes": [int(p) for p in parts[0].split(",")]}  # "fixed:8,4,2,2": that split
     options = {}
     for part in parts:
         key, sep, value = part.partition("=")
@@ -108,7 +117,7 @@ def split_spec(spec: str) -> tuple[str, dict]:
             raise UsageError(f"strategy {spec!r}: write each option as name=value, e.g. balanced:deadband=0.1")
         options[key.strip()] = _option_value(value.strip())
     if name == "fixed" and options:
-        raise UsageError("strategy 'fixed' takes no options; give its split with --batch-sizes")
+        raise UsageError("strategy 'fixed' takes no options; give its split as fixed:8,4,2,2 or with --batch-sizes")
     return name, options
 
 

@@ -12,7 +12,7 @@ import inspect
 import os
 import sys
 
-from bno_hvd.allocation import Strategy, make_strategy
+from bno_hvd.allocation import Strategy, make_strategy, split_spec
 from bno_hvd.allocation.sampler import epoch_share
 from bno_hvd.allocation.weighting import scaled_lr
 from bno_hvd.common.arguments import check_keys, dataset_length, describe
@@ -102,6 +102,11 @@ class SamplerFace:
         )
         if text is not None:
             options["text"] = text
+        if isinstance(strategy, str) and text is not None and text.shares and split_spec(strategy)[0] == "fixed":
+            raise UsageError(
+                f"strategy {strategy!r} gives each rank a number of sequences, and cost= splits by work: drop "
+                "cost= (lengths= alone splits sequences) or choose another strategy"
+            )
         if isinstance(strategy, str):
             strategy = make_strategy(strategy, comm.Get_size(), seed=seed, **units)
         elif global_batch is not None:

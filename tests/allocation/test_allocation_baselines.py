@@ -90,6 +90,21 @@ def test_fixed_validates_and_never_changes():
     assert s.last_warning is None
 
 
+def test_fixed_takes_its_split_in_its_name_on_every_path():
+    """``fixed:8,4,2,2`` (a script's ``--strategy``, Lightning's, the Trainer's: all build through make_strategy)."""
+    assert make_strategy("fixed:8,4,2,2", 4, 4).initial() == [8, 4, 2, 2]
+    assert make_strategy(" fixed:8, 8,0,0", 4, 4).initial() == [8, 8, 0, 0]
+    assert make_strategy("fixed:8,4,2,2", 4, 4, batch_sizes=[8, 4, 2, 2]).initial() == [8, 4, 2, 2]
+    with pytest.raises(UsageError, match="given twice: fixed:8,4,2,2 and batch_sizes=\\[4, 4, 4, 4\\]"):
+        make_strategy("fixed:8,4,2,2", 4, 4, batch_sizes=[4, 4, 4, 4])
+    with pytest.raises(UsageError, match="one size per rank"):
+        make_strategy("fixed:8,4,2", 4, 4)
+    with pytest.raises(UsageError, match="takes no options; give its split as fixed:8,4,2,2"):
+        make_strategy("fixed:deadband=0.1", 4, 4)
+    with pytest.raises(UsageError, match="name=value"):
+        make_strategy("fixed:8,4,2,2:9", 4, 4)
+
+
 def test_proportional_freezes_after_first_measurement():
     s = make_strategy("proportional", 4, 25)
     assert s.initial() == [25] * 4

@@ -175,6 +175,8 @@ REFUSALS = "tests/support/mpi_scripts/trainer_refusals.py"
         ("dropout", "the model has active dropout (config.attention_dropout, 1 in all)"),
         ("no-lengths", "BalancedTrainer needs each training sequence's predictions"),
         ("miscount", "the first 8 sequences: 21 labels to predict, but the lengths say 29"),
+        ("fixed-by-cost", "strategy 'fixed:3,1' gives each rank a number of sequences, and cost= splits by work"),
+        ("zero", "batch sizes >= 1 (no rank may sit out here), got [4, 0]"),
     ],
 )
 def test_what_the_trainer_cannot_do_exactly_is_refused_in_one_line(case, words):

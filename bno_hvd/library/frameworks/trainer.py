@@ -135,6 +135,8 @@ class BalancedTrainer(transformers.Trainer):
             check_first_sequences(self, dataset, lengths)
         strategy = options.pop("strategy")
         batch = self.args.per_device_train_batch_size
+        # no process sits an update out: the Trainer's loop would count its steps apart (a split with a 0 is refused)
+        options["sit_out"] = False
         return Balancer.for_world(dataset, batch, strategy, seed=self.args.seed, lengths=lengths, **options)
 
 

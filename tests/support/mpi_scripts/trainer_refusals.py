@@ -6,7 +6,10 @@ script as it would a user's (one ``bno-hvd: error:`` line, exit code 2 on every 
 - ``accumulate``: ``TrainingArguments(gradient_accumulation_steps=2)``;
 - ``dropout``: a Llama whose config sets ``attention_dropout=0.1``;
 - ``no-lengths``: a training set without its sequences' lengths (and no ``lengths=``);
-- ``miscount``: lengths that count a sequence's tokens, not its predictions (one more each).
+- ``miscount``: lengths that count a sequence's tokens, not its predictions (one more each);
+- ``fixed-by-cost``: ``strategy="fixed:3,1"`` with the default ``cost="tokens"`` (sequences per
+  process, where the split is by work);
+- ``zero``: ``strategy="fixed:4,0"`` with ``cost=None`` (a process at 0 sequences: none sits out).
 """
 
 import sys
@@ -56,8 +59,9 @@ def main(case: str) -> None:
         save_strategy="no",
     )
     data = Sequences(with_lengths=case != "no-lengths", predictions=0 if case == "miscount" else 1)
+    split = {"fixed-by-cost": {"strategy": "fixed:3,1"}, "zero": {"strategy": "fixed:4,0", "cost": None}}
     trainer = bno.hf.BalancedTrainer(
-        model=LlamaForCausalLM(config), args=args, train_dataset=data, data_collator=collate
+        model=LlamaForCausalLM(config), args=args, train_dataset=data, data_collator=collate, **split.get(case, {})
     )
     trainer.train()
     print(f"{case} was not refused", flush=True)

@@ -6,7 +6,8 @@
   (parameters and BatchNorm's running statistics); with plain DDP's mean over the ranks in place
   of the weighting hook (tests/support/unweighted.py) it does not;
 - Lightning's own launcher (``python script.py``: Lightning starts the ranks) runs it too and logs
-  every rank's batch size through the Trainer's logger;
+  every rank's batch size through the Trainer's logger; so does Slurm (``srun`` in an sbatch
+  script, on a private cluster of tests/support/slurm_cluster.py), as exact as under torchrun;
 - so does the script with Lightning's ``sync_batchnorm=True``; with ``local_batchnorm=True``
   BatchNorm stays per rank (it trains, and no longer as one process);
 - a run resumed from a checkpoint taken mid-epoch equals the uninterrupted run;
@@ -17,6 +18,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -25,6 +27,7 @@ import torch
 from support.checks import max_relative_difference
 from support.jobs import FASHION_DIR, ROOT, TORCHRUN_EXIT_HANG, assert_ok, mpi_env, torchrun
 from support.run_port import write_fashion_subset
+from support.slurm_fixture import running_cluster
 
 EXAMPLE = os.path.join(ROOT, "examples", "lightning_mnist.py")
 ARGS = ["--epochs", "2", "--strategy", "random", "--rebalance-every", "2", "--seed", "5", "--lr", "0.05"]
@@ -229,3 +232,36 @@ def test_a_script_refused_when_it_builds_the_strategy_exits_2_with_one_line(tmp_
         "bno-hvd: error: text split by cost (lengths=, cost=, global_tokens=) is not supported by bno.lightning "
         "yet; use the DDP drop-in (docs/text.md)"
     ]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    yield from running_cluster(str(tmp_path_factory.mktemp("slurm")), {"node0": 4}, {"debug": ["node0"]})
+
+
+@pytest.mark.mpi
+@pytest.mark.slurm
+def test_under_srun_the_example_equals_one_process(slurm, tmp_path, data, one_process):
+    """Launched as Lightning runs under Slurm: an sbatch script whose ``srun`` starts the 4 processes
+    (Lightning's SLURMEnvironment takes the ranks from srun), uneven splits that change every 2
+    updates, a rank at 1 sample. The cluster's node is a name for this host, so the job sets
+    MASTER_ADDR (on a real cluster Lightning resolves the first node of SLURM_NODELIST)."""
+    out = tmp_path / "four"
+    out.mkdir()
+    run = [sys.executable, os.path.join(ROOT, "tests", "support", "run_port.py"), str(out), EXAMPLE]
+    run += ["--devices", "4", "--log-dir", str(out / "logs"), *ARGS, "--data-dir", data, "--batch-size", "4"]
+    script = tmp_path / "lightning.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n#SBATCH --cpus-per-task=1\n"
+        f"export MASTER_ADDR=127.0.0.1\nexec srun --kill-on-bad-exit=1 {shlex.join(run)}\n"
+    )
+    job = slurm.sbatch([str(script)], cwd=str(tmp_path), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert job.exit_code == 0, f"job {job.job_id} exit {job.exit_code}:\n{job.output[-4000:]}\n{job.sbatch_stderr}"
+    assert "Traceback" not in job.output, job.output[-4000:]
+    sizes = [json.loads((out / f"sizes-{r}.json").read_text()) for r in range(4)]
+    per_update = list(zip(*sizes))
+    assert all(sum(s) == 16 for s in per_update) and min(min(s) for s in per_update) == 1
+    assert sum(a != b for a, b in zip(per_update, per_update[1:])) >= 25  # a new split every 2 updates
+    diff = max_relative_difference(torch.load(out / "model.pt", weights_only=True), one_process[1])
+    print(f"lightning under srun: 4 processes vs 1 process: max relative difference {diff:.2e}")
+    assert diff <= 1e-10

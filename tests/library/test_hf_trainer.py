@@ -8,6 +8,7 @@
   on the same global batches (float64, the loss the mean over every predicted token), with its
   GPT-2 and with a small Llama: each process's loss is its share of the global batch's mean,
   the count of predictions the balancer's lengths; with transformers' own count it is not.
+- Under ``equal`` each process gets an equal share of a global batch's tokens, not of its sequences.
 - What the balanced Trainer cannot do exactly is refused in one line on every process.
 """
 
@@ -83,6 +84,23 @@ def test_the_plain_trainer_twin_trains_under_torchrun(tmp_path, corpus):
     assert proc.stdout.count("test set: perplexity") == 1
     assert "bno-hvd" not in proc.stderr
     assert all(torch.isfinite(t).all() for t in model.values())
+
+
+@pytest.mark.mpi
+@TORCHRUN_EXIT_HANG
+def test_the_trainer_port_splits_each_global_batch_by_tokens(tmp_path, corpus):
+    """Under ``equal`` the four processes get equal shares of each global batch's tokens, not of its
+    sequences: their predictions differ by one longest sequence (48) at most, as whole sequences go
+    to a process, while their numbers of sequences differ (short ones to some, long ones to others)."""
+    args = ["--cpu", "--strategy", "equal", "--max-steps", str(STEPS), "--seed", "5", "--batch-size", "4"]
+    args += ["--max-seq-len", "48", "--vocab-size", "512", "--data-dir", corpus]
+    _, _, sizes = run_trainer(4, tmp_path / "out", EXAMPLE, args)
+    tokens = [json.loads((tmp_path / "out" / f"tokens-{r}.json").read_text()) for r in range(4)]
+    per_update = list(zip(*sizes))
+    assert len(per_update) == STEPS and all(sum(s) == GLOBAL for s in per_update)
+    assert sum(len(set(s)) > 1 for s in per_update) == STEPS, per_update  # never 4 sequences each
+    spreads = [max(t) - min(t) for t in zip(*tokens)]
+    assert max(spreads) <= 48, list(zip(per_update, zip(*tokens)))
 
 
 LLAMA = '''def build_model(vocab_size, max_seq_len):

@@ -93,7 +93,13 @@ def main() -> None:
             if module.training:  # (a transformers model takes its inputs by keyword: its logits' rows)
                 seen["sizes"].append(int(inputs[0].shape[0] if inputs else output.logits.shape[0]))
 
+    def tokens(module, args, kwargs, output):  # a transformers model's labels to predict (-100: none)
+        labels = kwargs.get("labels")
+        if type(module).__name__ in MODELS and module.training and labels is not None:
+            seen.setdefault("tokens", []).append(int((labels[:, 1:] != -100).sum()))
+
     handle = torch.nn.modules.module.register_module_forward_hook(note)
+    token_handle = torch.nn.modules.module.register_module_forward_hook(tokens, with_kwargs=True)
     runpy.run_path(script, run_name="__main__")
     rank = int(
         os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", seen.pop("rank", 0)))
@@ -101,6 +107,9 @@ def main() -> None:
     if seen["model"] is not None:  # (an elastic worker ran none: a joiner whose generation had no update left)
         with open(os.path.join(out, f"sizes-{rank}.json"), "w") as fh:
             json.dump(seen["sizes"], fh)
+        if "tokens" in seen:
+            with open(os.path.join(out, f"tokens-{rank}.json"), "w") as fh:
+                json.dump(seen["tokens"], fh)
         if rank == 0:
             torch.save(seen["model"].state_dict(), os.path.join(out, "model.pt"))
         open(os.path.join(out, f"done-{rank}"), "w").close()
@@ -111,6 +120,7 @@ def main() -> None:
     # GIL, so the rank never exits (pytorch/pytorch#56297). Dropped here, from Python, the group is
     # freed with the GIL released (torch's Python binding of a process group does that).
     handle.remove()
+    token_handle.remove()
     group = seen.pop("group")
     seen.clear()
     from bno_hvd.processes.torchenv import finish_process_group  # (nothing of bno-hvd before the script)

@@ -125,14 +125,18 @@ def test_local_batchnorm_keeps_each_ranks_statistics_and_so_leaves_one_process(t
 @pytest.mark.mpi
 @TORCHRUN_EXIT_HANG
 def test_a_run_resumed_from_a_mid_epoch_checkpoint_equals_the_uninterrupted_one(tmp_path, data):
-    four = [*ARGS, "--data-dir", data, "--batch-size", "4", "--max-steps", "45"]
+    """5 epochs of 500 samples in global batches of 16: 32, 31, 31, 31 and 32 updates (a global
+    batch that crosses an epoch's end belongs to the one it starts in). Resumed in the second, the
+    run goes through a longer epoch than its own: each epoch trains all its updates."""
+    four = [*ARGS, "--data-dir", data, "--batch-size", "4", "--epochs", "5"]
     _, whole, whole_sizes = run_lightning(4, tmp_path / "whole", four)
-    _, _, first_sizes = run_lightning(4, tmp_path / "first", [*four[:-1], "40", "--checkpoint-every", "37"])
+    assert len(whole_sizes[0]) == 32 + 31 + 31 + 31 + 32
+    _, _, first_sizes = run_lightning(4, tmp_path / "first", [*four, "--max-steps", "40", "--checkpoint-every", "37"])
     checkpoint = tmp_path / "first" / "logs" / "epoch=1-step=37.ckpt"
     assert checkpoint.exists(), sorted(os.listdir(tmp_path / "first" / "logs"))
     _, resumed, rest_sizes = run_lightning(4, tmp_path / "resumed", [*four, "--resume", str(checkpoint)])
 
-    # updates 0..39 ran first; the resumed run trains 37..44 on the batches the uninterrupted one did
+    # updates 0..39 ran first; the resumed run trains 37..156 on the batches the uninterrupted one did
     assert [s[:37] + r for s, r in zip(first_sizes, rest_sizes)] == whole_sizes
     rel = max_relative_difference(resumed, whole)
     print(f"lightning: resumed vs uninterrupted: max relative difference {rel:.2e}")

@@ -274,10 +274,12 @@ class BalancedLoader:
             yield SAT_OUT if batch.size == 0 else batch.data
 
     def __len__(self) -> int:
-        """Updates of the stream's current epoch, those done included (Lightning counts from there)."""
+        """The most updates an epoch of the stream has: one whose first global batch starts at the
+        epoch's first sample (a later start has one fewer; the loader then ends the epoch itself).
+        Lightning reads it once per fit: a resumed run read its own epoch's length, and an epoch
+        longer than that lost its last update (2026-12-01)."""
         bal = self.balancer
-        left = updates_left(bal.sampler.dataset_len, bal.sampler.position.offset, sum(bal.latest_counts()))
-        return bal.update - self.epoch_start + left
+        return updates_left(bal.sampler.dataset_len, 0, sum(bal.latest_counts()))
 
     def state_dict(self) -> dict:
         return {"balancer": self.balancer.state_dict(), "epoch": self.epoch, "epoch_start": self.epoch_start}

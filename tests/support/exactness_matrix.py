@@ -112,13 +112,17 @@ CELLS = {
     ),
     ("train", "dropout"): Test(
         f"{TRAIN}test_exact_paths.py::test_dropout_under_memory_caps_equals_one_process[horovod]",
-        "a user's model, under memory caps",
+        "a user's model, under memory caps, a random split changing every 2 updates",
     ),
     ("train", "batchnorm"): Test(
         f"{TRAIN}test_exact_batchnorm.py::test_resnet18_on_4_changing_uneven_ranks_equals_one_process"
     ),
     ("train", "text"): Test(f"{TRAIN}test_text_training.py::test_four_ranks_with_changing_splits_equal_one_process"),
-    ("train", "micro"): Test(f"{TRAIN}test_train_equivalence.py::test_uneven_ranks_equal_single_process[adam-micro]"),
+    ("train", "micro"): Test(
+        f"{TRAIN}test_exact_paths.py::test_dropout_under_memory_caps_equals_one_process[horovod]",
+        "with dropout, a random split changing every 2 updates; a fixed split: "
+        "test_train_equivalence.py::test_uneven_ranks_equal_single_process[adam-micro]",
+    ),
     ("train", "sitout"): Test(
         f"{LIB}test_sit_out.py::test_a_rank_sits_out_comes_back_and_training_stays_exact[horovod]"
     ),
@@ -129,7 +133,7 @@ CELLS = {
     ),
     ("train-torch", "dropout"): Test(
         f"{TRAIN}test_exact_paths.py::test_dropout_under_memory_caps_equals_one_process[torch]",
-        "a user's model, under memory caps",
+        "a user's model, under memory caps, a random split changing every 2 updates",
     ),
     ("train-torch", "batchnorm"): Test(f"{TRAIN}test_torch_engine.py::test_the_torch_engine_is_exact_with_batchnorm"),
     ("train-torch", "text"): Test(
@@ -137,7 +141,7 @@ CELLS = {
     ),
     ("train-torch", "micro"): Test(
         f"{TRAIN}test_exact_paths.py::test_dropout_under_memory_caps_equals_one_process[torch]",
-        "with dropout",
+        "with dropout, a random split changing every 2 updates",
     ),
     ("train-torch", "sitout"): Test(
         f"{LIB}test_sit_out.py::test_a_rank_sits_out_comes_back_and_training_stays_exact[torch]"

@@ -259,14 +259,11 @@ class BalancedLoader:
         # Lightning's fetcher may draw one batch more than torch's DataLoader reads ahead
         balancer.agree_lag(prefetch_depth(options.get("num_workers", 0), options.get("prefetch_factor")) + 1)
         self.drawn: deque = deque()
-        self.epoch, self.epoch_start = balancer.sampler.epoch, balancer.update
 
     def __iter__(self):
         bal = self.balancer
         bal.finish_step()
         self.drawn.clear()
-        if bal.sampler.epoch != self.epoch:
-            self.epoch, self.epoch_start = bal.sampler.epoch, bal.update
         for batch in self.loader:
             if batch.error is not None:
                 raise UsageError(batch.error, rank=bal.rank)
@@ -282,11 +279,10 @@ class BalancedLoader:
         return updates_left(bal.sampler.dataset_len, 0, sum(bal.latest_counts()))
 
     def state_dict(self) -> dict:
-        return {"balancer": self.balancer.state_dict(), "epoch": self.epoch, "epoch_start": self.epoch_start}
+        return {"balancer": self.balancer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.balancer.load_state_dict(state["balancer"])
-        self.epoch, self.epoch_start = state["epoch"], state["epoch_start"]
+        self.balancer.load_state_dict(state["balancer"])  # (a checkpoint before 2026-12-01 also has epoch keys)
 
 
 def refuse(message: str) -> None:
